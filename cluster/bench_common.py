@@ -1,0 +1,246 @@
+"""Workloads and reports shared by `kvray bench throughput` and `kvray bench serve`.
+
+A workload is a list of (prompt token ids, output length) pairs drawn from a seeded RNG, so
+every backend in one command (and every run with the same seed) sees identical requests.
+Prompts are random ids from the vocabulary minus special tokens; every request is meant to
+run with ignore_eos so it produces exactly its output length (vLLM's random dataset does the
+same), which makes token counts, and so throughput, comparable across backends.
+
+Kept free of torch/transformers imports: this module is reachable from `kvray --help`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_ids: tuple[int, ...]
+    output_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: tuple[BenchRequest, ...]
+    params: dict[str, Any] = field(default_factory=dict)  # how it was drawn, for the report
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.prompt_len for r in self.requests)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_len for r in self.requests)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(r.prompt_len + r.output_len for r in self.requests)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "num_prompts": len(self.requests),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            **self.params,
+        }
+
+
+def sampleable_token_ids(model_dir: str | Path) -> list[int]:
+    """Ids a random prompt may use: the tokenizer's vocabulary minus its special tokens.
+
+    Special tokens are left out because a random <|im_end|> or BOS in the middle of a prompt
+    changes what some engines do with it (chat-template handling, BOS de-duplication).
+    """
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    raw = json.loads(path.read_text())
+    special = {t["id"] for t in raw.get("added_tokens", []) if t.get("special")}
+    ids = [i for i in range(tok.get_vocab_size(with_added_tokens=True)) if i not in special]
+    if not ids:
+        raise ValueError(f"{path} has no non-special tokens to draw prompts from")
+    return ids
+
+
+def random_workload(
+    token_ids: Sequence[int],
+    *,
+    num_prompts: int,
+    input_len_range: tuple[int, int],
+    output_len_range: tuple[int, int],
+    seed: int,
+) -> Workload:
+    """Uniform random prompt and output lengths (inclusive ranges), uniform random tokens."""
+    _check_range("--input-len-range", input_len_range)
+    _check_range("--output-len-range", output_len_range)
+    rng = random.Random(seed)
+    requests = tuple(
+        BenchRequest(
+            prompt_ids=tuple(rng.choices(token_ids, k=rng.randint(*input_len_range))),
+            output_len=rng.randint(*output_len_range),
+        )
+        for _ in range(num_prompts)
+    )
+    params = {
+        "input_len_range": list(input_len_range),
+        "output_len_range": list(output_len_range),
+        "seed": seed,
+    }
+    return Workload("default", requests, params)
+
+
+def shared_prefix_workload(
+    token_ids: Sequence[int],
+    *,
+    num_prompts: int,
+    prefix_len: int,
+    suffix_len: int,
+    output_len: int,
+    seed: int,
+) -> Workload:
+    """Every prompt = one common random prefix + its own random suffix (a system prompt, RAG)."""
+    if min(prefix_len, suffix_len) < 0 or output_len < 1 or prefix_len + suffix_len < 1:
+        raise ValueError("--prefix-len/--suffix-len must be >= 0 and --output-len >= 1")
+    rng = random.Random(seed)
+    prefix = tuple(rng.choices(token_ids, k=prefix_len))
+    requests = tuple(
+        BenchRequest(prefix + tuple(rng.choices(token_ids, k=suffix_len)), output_len)
+        for _ in range(num_prompts)
+    )
+    params = {
+        "prefix_len": prefix_len,
+        "suffix_len": suffix_len,
+        "output_len": output_len,
+        "seed": seed,
+    }
+    return Workload("shared-prefix", requests, params)
+
+
+def warmup_workload(token_ids: Sequence[int], *, seed: int, num: int = 4) -> Workload:
+    """A few short requests for warm-up, drawn independently of the measured workload.
+
+    Independent on purpose: warming up with the measured prompts (or their prefixes) would
+    leave them in a prefix cache and flatter the engine that has one.
+    """
+    return random_workload(
+        token_ids,
+        num_prompts=num,
+        input_len_range=(8, 32),
+        output_len_range=(4, 8),
+        seed=seed + 7919,
+    )
+
+
+def _check_range(flag: str, bounds: tuple[int, int]) -> None:
+    low, high = bounds
+    if low < 1 or high < low:
+        raise ValueError(f"{flag} must be MIN MAX with 1 <= MIN <= MAX, got {low} {high}")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One backend's measurement over one workload."""
+
+    backend: str
+    elapsed_s: float
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    notes: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. prefill tokens computed
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.elapsed_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.elapsed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        d.update(
+            requests_per_s=self.requests_per_s,
+            output_tokens_per_s=self.output_tokens_per_s,
+            total_tokens_per_s=self.total_tokens_per_s,
+        )
+        extra = d.pop("extra")
+        d.update(extra)
+        return d
+
+    def line(self) -> str:
+        return (
+            f"{self.backend:>24}: {self.elapsed_s:8.2f} s  {self.requests_per_s:8.2f} req/s  "
+            f"{self.output_tokens_per_s:10.1f} output tok/s  {self.total_tokens_per_s:10.1f} total tok/s"
+        )
+
+
+_METRICS = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s")
+
+
+def ratios(num: BenchResult, den: BenchResult) -> dict[str, float]:
+    """num/den for each throughput metric (>1: num is faster)."""
+    return {m: getattr(num, m) / getattr(den, m) for m in _METRICS}
+
+
+def format_table(
+    results: Sequence[BenchResult],
+    skipped: dict[str, str],
+    comparisons: dict[str, dict[str, float]],
+) -> str:
+    """A plain-text table of every backend, skipped ones, then the requested ratios."""
+    header = f"{'backend':<24} {'req/s':>10} {'output tok/s':>14} {'total tok/s':>14} {'time s':>9}"
+    rows = [header, "-" * len(header)]
+    for r in results:
+        rows.append(
+            f"{r.backend:<24} {r.requests_per_s:>10.2f} {r.output_tokens_per_s:>14.1f} "
+            f"{r.total_tokens_per_s:>14.1f} {r.elapsed_s:>9.2f}"
+        )
+    for name, why in skipped.items():
+        rows.append(f"{name:<24} skipped: {why}")
+    if comparisons:
+        rows += ["", f"{'ratio':<24} {'req/s':>10} {'output tok/s':>14} {'total tok/s':>14}"]
+        for name, r in comparisons.items():
+            rows.append(
+                f"{name:<24} {r['requests_per_s']:>10.2f}x {r['output_tokens_per_s']:>13.2f}x "
+                f"{r['total_tokens_per_s']:>13.2f}x"
+            )
+    return "\n".join(rows)
+
+
+def write_result_json(path: str | Path, payload: dict[str, Any]) -> None:
+    path = Path(path)
+    if path.parent != Path():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'1073741824', '1GiB', '512MiB', '2G', '1.5GB' -> bytes (K/M/G/T read as powers of 1024)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 512MiB, 2GiB, 1073741824)")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * 1024 ** "_KMGT".index(unit or "_"))

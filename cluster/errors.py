@@ -1,0 +1,131 @@
+"""Errors a request can end with, shared by the HTTP and gRPC ingresses.
+
+LLMServer raises these inside its replica; Ray carries them to the ingress, which maps each
+class to one HTTP status / OpenAI error body and one gRPC status code. They pickle by their
+constructor arguments (`__reduce__`) so they survive the trip through Ray, and `unwrap`
+strips the RayTaskError wrapper that Ray may put around them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KvrayError(Exception):
+    """Base class. Subclasses fix the HTTP status, the OpenAI error type and the gRPC code."""
+
+    http_status = 500
+    openai_type = "internal_error"
+    grpc_code = "INTERNAL"  # name of a grpc.StatusCode member
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.http_status,
+            }
+        }
+
+
+def _rebuild(cls: type[KvrayError], state: dict[str, Any]) -> KvrayError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("message", ""))
+    err.__dict__.update(state)
+    return err
+
+
+class InvalidRequestError(KvrayError):
+    """A request field is invalid; `param` names it (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    grpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(message, param=field)
+
+    @property
+    def field(self) -> str | None:
+        return self.param
+
+
+class QueueFullError(KvrayError):
+    """The replica's waiting queue is at its cap (HTTP 429 + Retry-After, RESOURCE_EXHAUSTED)."""
+
+    http_status = 429
+    openai_type = "rate_limit_exceeded"
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str = "server is at capacity", retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineDeadError(KvrayError):
+    """The replica's engine died; Ray Serve replaces the replica (HTTP 503, gRPC UNAVAILABLE)."""
+
+    http_status = 503
+    openai_type = "service_unavailable"
+    grpc_code = "UNAVAILABLE"
+
+    def __init__(self, message: str = "engine is not running") -> None:
+        super().__init__(message)
+
+
+class ModelNotFoundError(KvrayError):
+    """The request names a model this deployment does not serve (HTTP 404, gRPC NOT_FOUND)."""
+
+    http_status = 404
+    openai_type = "not_found_error"
+    grpc_code = "NOT_FOUND"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"the model {model!r} does not exist", param="model")
+
+
+class AuthenticationError(KvrayError):
+    """Missing or wrong API key (HTTP 401, gRPC UNAUTHENTICATED)."""
+
+    http_status = 401
+    openai_type = "authentication_error"
+    grpc_code = "UNAUTHENTICATED"
+
+    def __init__(self, message: str = "invalid or missing API key") -> None:
+        super().__init__(message)
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The KvrayError inside a Ray wrapper (RayTaskError and friends), else `exc` itself.
+
+    Ray re-raises a replica's exception as a class deriving from both RayTaskError and the
+    original, so `isinstance` usually works already; this makes the mapping code independent
+    of that (it falls back to a bare RayTaskError when the dual class cannot be built).
+    """
+    cur: BaseException | None = exc
+    for _ in range(8):  # a short chain; never loop on a cyclic one
+        if cur is None:
+            break
+        if type(cur).__module__ == __name__:
+            return cur
+        cause = getattr(cur, "cause", None)  # RayTaskError keeps the original here
+        cur = cause if isinstance(cause, BaseException) and cause is not cur else cur.__cause__
+    return exc
+
+
+def invalid_from_value_error(err: ValueError, default_field: str | None = None) -> InvalidRequestError:
+    """A ValueError from SamplingParams / the engine names its field first ("top_p must be ...")."""
+    message = str(err)
+    head = message.split(" ", 1)[0].strip("'\"`:")
+    field = head if head.isidentifier() else default_field
+    return InvalidRequestError(field, message)

@@ -1,0 +1,240 @@
+"""Small Python clients for kvray's gRPC API (kvray.v1.LLMService), sync and asyncio.
+
+    with KvrayClient("127.0.0.1:9000", api_key="...") as client:
+        reply = client.generate("The capital of France is", max_tokens=8, temperature=0)
+        print(completion_text(reply), reply.usage.completion_tokens)
+        for piece in client.generate_stream("Once upon a time", max_tokens=32):
+            print(completion_text(piece), end="", flush=True)
+
+Both clients return the stubs' messages (kvray.v1.llm_pb2) unchanged, so every field of the
+.proto is reachable; `completion_text` is the shortcut for the common case.
+Leaving a `generate_stream` loop early (break, exception, task cancellation) cancels the
+RPC, which aborts the request on the server and frees its KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from kvray.v1 import llm_pb2, llm_pb2_grpc
+
+Prompt = str | Sequence[int]
+Messages = Sequence[Mapping[str, str]]
+
+# Keyword arguments accepted as sampling options: exactly the SamplingParams message's fields.
+SAMPLING_FIELDS = frozenset(f.name for f in llm_pb2.SamplingParams.DESCRIPTOR.fields)
+
+
+def build_generate_request(
+    prompt: Prompt | None = None,
+    *,
+    messages: Messages | None = None,
+    model: str = "",
+    request_id: str = "",
+    top_logprobs: int | None = None,
+    **sampling: Any,
+) -> llm_pb2.GenerateRequest:
+    """A GenerateRequest from Python values.
+
+    Give exactly one of `prompt` (text, or token ids) and `messages` (chat, as dicts with
+    role and content). `sampling` holds SamplingParams fields by name (max_tokens=16,
+    temperature=0.0, stop=["\\n"], ...); `top_logprobs` (0-20) asks for log probabilities.
+    """
+    if (prompt is None) == (messages is None):
+        raise ValueError("give exactly one of prompt and messages")
+    unknown = sorted(set(sampling) - SAMPLING_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown sampling option(s): {', '.join(unknown)}")
+    req = llm_pb2.GenerateRequest(model=model, request_id=request_id)
+    if messages is not None:
+        req.chat.CopyFrom(chat_messages(messages))
+    elif isinstance(prompt, str):
+        req.text = prompt
+    else:
+        req.token_ids.ids.extend(prompt)
+    if isinstance(sampling.get("stop"), str):
+        sampling["stop"] = [sampling["stop"]]
+    sampling = {k: v for k, v in sampling.items() if v is not None}
+    req.sampling.CopyFrom(llm_pb2.SamplingParams(**sampling))
+    if top_logprobs is not None:
+        req.logprobs.top_logprobs = top_logprobs
+    return req
+
+
+def chat_messages(messages: Messages) -> llm_pb2.ChatMessages:
+    return llm_pb2.ChatMessages(
+        messages=[llm_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    )
+
+
+def build_tokenize_request(
+    text: str | None = None, *, messages: Messages | None = None, model: str = ""
+) -> llm_pb2.TokenizeRequest:
+    if (text is None) == (messages is None):
+        raise ValueError("give exactly one of text and messages")
+    if messages is not None:
+        return llm_pb2.TokenizeRequest(model=model, chat=chat_messages(messages))
+    return llm_pb2.TokenizeRequest(model=model, text=text)
+
+
+def completion_text(response: llm_pb2.GenerateResponse, index: int = 0) -> str:
+    """The text of completion `index` of a Generate response ("" if it has none)."""
+    for c in response.completions:
+        if c.index == index:
+            return c.text
+    return ""
+
+
+def _metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+class KvrayClient:
+    """Blocking client. `target` is "host:port"; `timeout` (seconds) is the default deadline."""
+
+    def __init__(
+        self,
+        target: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._channel = (
+            grpc.secure_channel(target, credentials, options=options)
+            if credentials is not None
+            else grpc.insecure_channel(target, options=options)
+        )
+        self._stub = llm_pb2_grpc.LLMServiceStub(self._channel)
+        self._metadata = _metadata(api_key)
+        self._timeout = timeout
+
+    def generate(
+        self, prompt: Prompt | None = None, *, timeout: float | None = None, **kwargs: Any
+    ) -> llm_pb2.GenerateResponse:
+        """The finished completion(s). kwargs: see build_generate_request."""
+        req = build_generate_request(prompt, **kwargs)
+        return self._stub.Generate(req, timeout=self._deadline(timeout), metadata=self._metadata)
+
+    def generate_stream(
+        self, prompt: Prompt | None = None, *, timeout: float | None = None, **kwargs: Any
+    ) -> Iterator[llm_pb2.GenerateResponse]:
+        """Deltas as they are produced; the last carries finish_reason and usage."""
+        req = build_generate_request(prompt, **kwargs)
+        call = self._stub.GenerateStream(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        try:
+            yield from call
+        finally:
+            call.cancel()  # a no-op once the stream has ended; aborts the request otherwise
+
+    def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Messages | None = None,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> list[int]:
+        req = build_tokenize_request(text, messages=messages, model=model)
+        resp = self._stub.Tokenize(req, timeout=self._deadline(timeout), metadata=self._metadata)
+        return list(resp.token_ids)
+
+    def list_models(self, *, timeout: float | None = None) -> list[llm_pb2.Model]:
+        resp = self._stub.ListModels(
+            llm_pb2.ListModelsRequest(), timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        return list(resp.models)
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        return timeout if timeout is not None else self._timeout
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> KvrayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncKvrayClient:
+    """asyncio twin of KvrayClient; create and use it inside one running event loop."""
+
+    def __init__(
+        self,
+        target: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._channel = (
+            grpc.aio.secure_channel(target, credentials, options=options)
+            if credentials is not None
+            else grpc.aio.insecure_channel(target, options=options)
+        )
+        self._stub = llm_pb2_grpc.LLMServiceStub(self._channel)
+        self._metadata = _metadata(api_key)
+        self._timeout = timeout
+
+    async def generate(
+        self, prompt: Prompt | None = None, *, timeout: float | None = None, **kwargs: Any
+    ) -> llm_pb2.GenerateResponse:
+        req = build_generate_request(prompt, **kwargs)
+        return await self._stub.Generate(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
+
+    async def generate_stream(
+        self, prompt: Prompt | None = None, *, timeout: float | None = None, **kwargs: Any
+    ) -> AsyncIterator[llm_pb2.GenerateResponse]:
+        req = build_generate_request(prompt, **kwargs)
+        call = self._stub.GenerateStream(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        try:
+            async for resp in call:
+                yield resp
+        finally:
+            call.cancel()
+
+    async def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Messages | None = None,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> list[int]:
+        req = build_tokenize_request(text, messages=messages, model=model)
+        resp = await self._stub.Tokenize(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        return list(resp.token_ids)
+
+    async def list_models(self, *, timeout: float | None = None) -> list[llm_pb2.Model]:
+        resp = await self._stub.ListModels(
+            llm_pb2.ListModelsRequest(), timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        return list(resp.models)
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        return timeout if timeout is not None else self._timeout
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncKvrayClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,192 @@
+"""OpenAI response bodies built from engine RequestOutputs (plain dicts: cheap per SSE chunk)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+
+
+class TokenStrings:
+    """Token id -> its text, as logprobs show it (cached: the same ids recur constantly)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        s = self._cache.get(token_id)
+        if s is None:
+            s = self._decode([token_id])
+            if len(self._cache) < 1_000_000:
+                self._cache[token_id] = s
+        return s
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def request_usage(outs: Sequence[RequestOutput]) -> dict[str, Any]:
+    """Usage summed over the finished outputs of one API request (one per prompt)."""
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outs)
+    return usage(prompt, completion, cached)
+
+
+def _top(lp: TokenLogprobs, n: int) -> list[tuple[int, float]]:
+    return sorted(lp.items(), key=lambda kv: kv[1], reverse=True)[:n]
+
+
+def completion_logprobs(
+    token_ids: Sequence[int],
+    logprobs: Sequence[TokenLogprobs],
+    top_n: int,
+    tok: TokenStrings,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """Legacy completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, lp in zip(token_ids, logprobs, strict=False):
+        s = tok(tid)
+        tokens.append(s)
+        token_lps.append(lp.get(tid))
+        tops.append({tok(t): v for t, v in _top(lp, top_n)} if top_n else None)
+        offsets.append(offset)
+        offset += len(s)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_lps,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs], top_n: int, tok: TokenStrings
+) -> dict[str, Any]:
+    """Chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+
+    def entry(tid: int, value: float | None) -> dict[str, Any]:
+        s = tok(tid)
+        return {"token": s, "logprob": value, "bytes": list(s.encode("utf-8"))}
+
+    content = []
+    for tid, lp in zip(token_ids, logprobs, strict=False):
+        item = entry(tid, lp.get(tid))
+        item["top_logprobs"] = [entry(t, v) for t, v in _top(lp, top_n)]
+        content.append(item)
+    return {"content": content}
+
+
+class Formatter:
+    """Builds one API request's bodies; `kind` is "completion" or "chat"."""
+
+    def __init__(
+        self, kind: str, request_id: str, model: str, n: int, top_logprobs: int | None, tok: TokenStrings
+    ) -> None:
+        self.kind = kind
+        self.id = request_id
+        self.model = model
+        self.n = n
+        self.top_logprobs = top_logprobs  # None: no logprobs
+        self.tok = tok
+        self.created = int(time.time())
+        self._offsets: dict[int, int] = {}  # text offset per choice (completions logprobs)
+        self._started: set[int] = set()  # chat choices that got their role delta
+        self._done: set[int] = set()  # choices whose finish chunk went out
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _logprobs(self, c: CompletionOutput, ids: Sequence[int], lps: Sequence[TokenLogprobs] | None, index: int) -> Any:
+        if self.top_logprobs is None or lps is None:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(ids, lps, self.top_logprobs, self.tok)
+        offset = self._offsets.get(index, 0)
+        out = completion_logprobs(ids, lps, self.top_logprobs, self.tok, offset)
+        self._offsets[index] = offset + sum(len(t) for t in out["tokens"])
+        return out
+
+    # -- whole responses -------------------------------------------------------------------
+
+    def response(self, outs: Sequence[RequestOutput]) -> dict[str, Any]:
+        """The non-streaming body; `outs` are the final outputs, one per prompt."""
+        choices = []
+        for p, out in enumerate(outs):
+            for c in out.outputs:
+                index = p * self.n + c.index
+                lps = self._logprobs(c, c.token_ids, c.logprobs, index)
+                if self.kind == "chat":
+                    choices.append(
+                        {
+                            "index": index,
+                            "message": {"role": "assistant", "content": c.text},
+                            "logprobs": lps,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
+                else:
+                    choices.append(
+                        {"index": index, "text": c.text, "logprobs": lps, "finish_reason": c.finish_reason}
+                    )
+        choices.sort(key=lambda ch: ch["index"])
+        body = self._base("chat.completion" if self.kind == "chat" else "text_completion")
+        body["choices"] = choices
+        body["usage"] = request_usage(outs)
+        return body
+
+    # -- streaming -------------------------------------------------------------------------
+
+    def chunks(self, out: RequestOutput, prompt_index: int = 0) -> list[str]:
+        """SSE frames for one engine yield: one chunk per choice that changed."""
+        frames = []
+        for c in out.outputs:
+            index = prompt_index * self.n + c.index
+            if index in self._done:
+                continue  # later yields repeat a finished choice's cumulative state
+            finish = c.finish_reason
+            if finish is not None:
+                self._done.add(index)
+            with_lps = self.top_logprobs is not None and bool(c.delta_token_ids)
+            first = self.kind == "chat" and index not in self._started
+            # Nothing visible yet (e.g. bytes of a multi-byte character held back): skip.
+            if not (c.delta_text or finish or with_lps or first):
+                continue
+            lps = self._logprobs(c, c.delta_token_ids, c.delta_logprobs, index) if with_lps else None
+            if self.kind == "chat":
+                delta: dict[str, Any] = {"content": c.delta_text}
+                if first:
+                    self._started.add(index)
+                    delta = {"role": "assistant", **delta}
+                choice = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
+                body = self._base("chat.completion.chunk")
+            else:
+                choice = {"index": index, "text": c.delta_text, "logprobs": lps, "finish_reason": finish}
+                body = self._base("text_completion")
+            body["choices"] = [choice]
+            frames.append(sse(body))
+        return frames
+
+    def usage_chunk(self, outs: Sequence[RequestOutput]) -> str:
+        body = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        body["choices"] = []
+        body["usage"] = request_usage(outs)
+        return sse(body)
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

@@ -1,0 +1,71 @@
+{{/* Names and labels. */}}
+{{- define "kvray.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Resource name prefix. Kept to 40 characters: KubeRay derives the RayCluster, pod and service
+names from the RayService name and appends suffixes (-serve-svc, -head-svc, a cluster hash).
+*/}}
+{{- define "kvray.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kvray.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvray.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvray.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kvray.labels" -}}
+helm.sh/chart: {{ include "kvray.chart" . }}
+{{ include "kvray.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "kvray.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Name of the Secret holding the API key; empty when authentication is off. */}}
+{{- define "kvray.apiKeySecretName" -}}
+{{- if .Values.apiKey.existingSecret }}
+{{- .Values.apiKey.existingSecret }}
+{{- else if .Values.apiKey.value }}
+{{- printf "%s-api-key" (include "kvray.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Cross-field checks the JSON schema cannot express; they fail the render with a message that
+names the values involved.
+*/}}
+{{- define "kvray.validate" -}}
+{{- $as := .Values.serve.autoscaling }}
+{{- if and $as.enabled (lt (int $as.maxReplicas) (int $as.minReplicas)) }}
+{{- fail (printf "serve.autoscaling.maxReplicas (%d) must be >= serve.autoscaling.minReplicas (%d)" (int $as.maxReplicas) (int $as.minReplicas)) }}
+{{- end }}
+{{- $tp := int .Values.engine.tensorParallelSize }}
+{{- $cpu := toString (dig "limits" "cpu" "" .Values.worker.resources) }}
+{{- if regexMatch "^[0-9]+$" $cpu }}
+{{- if lt (atoi $cpu) $tp }}
+{{- fail (printf "worker.resources.limits.cpu (%s) must be >= engine.tensorParallelSize (%d): an engine replica reserves one CPU per tensor-parallel rank on its pod" $cpu $tp) }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.model.volume.type "none") .Values.model.initContainers }}
+{{- fail "model.initContainers need a volume to fill: set model.volume.type (e.g. emptyDir)" }}
+{{- end }}
+{{- end }}

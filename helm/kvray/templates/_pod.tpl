@@ -1,0 +1,151 @@
+{{/*
+Pod template shared by the head and the engine worker group.
+Call with (dict "root" $ "role" "head"|"worker").
+*/}}
+{{- define "kvray.podTemplate" -}}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+{{- $isHead := eq .role "head" }}
+{{- $group := ternary $v.head $v.worker $isHead }}
+{{- $gpu := and (not $isHead) (eq $v.engine.device "cuda") }}
+{{- /* Only engine pods read the checkpoint; the head never loads the model. */}}
+{{- $vol := ternary (dict "type" "none") $v.model.volume $isHead -}}
+metadata:
+  labels:
+    {{- include "kvray.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ ternary "head" "engine" $isHead }}
+    {{- with $group.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $group.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if not $isHead }}
+  terminationGracePeriodSeconds: {{ $v.worker.terminationGracePeriodSeconds }}
+  {{- end }}
+  {{- if and (ne $vol.type "none") $v.model.initContainers }}
+  initContainers:
+    {{- range $v.model.initContainers }}
+    - {{- omit . "volumeMounts" | toYaml | nindent 6 }}
+      volumeMounts:
+        - name: model
+          mountPath: {{ $vol.mountPath }}
+        {{- with .volumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    {{- end }}
+  {{- end }}
+  containers:
+    # KubeRay treats the first container as the Ray container and starts Ray in it.
+    - name: {{ ternary "ray-head" "ray-worker" $isHead }}
+      image: {{ include "kvray.image" $root }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      ports:
+        {{- if $isHead }}
+        - name: gcs-server
+          containerPort: 6379
+        - name: dashboard
+          containerPort: {{ $v.ray.dashboardPort }}
+        - name: client
+          containerPort: 10001
+        # KubeRay builds its serve Service from the head port named "serve".
+        {{- end }}
+        - name: serve
+          containerPort: {{ $v.serve.httpPort }}
+        - name: grpc
+          containerPort: {{ $v.serve.grpcPort }}
+        - name: metrics
+          containerPort: {{ $v.ray.metricsPort }}
+      {{- $secret := include "kvray.apiKeySecretName" $root }}
+      {{- if or $secret $v.extraEnv }}
+      env:
+        {{- if $secret }}
+        - name: {{ $v.apiKey.envName }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ $secret }}
+              key: {{ $v.apiKey.secretKey }}
+        {{- end }}
+        {{- with $v.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- end }}
+      resources:
+        {{- if $gpu }}
+        {{- $gpus := dict $v.worker.gpuResourceName (int64 $v.engine.tensorParallelSize) }}
+        {{- $requests := merge (deepCopy $gpus) (deepCopy (default dict $group.resources.requests)) }}
+        {{- $limits := merge (deepCopy $gpus) (deepCopy (default dict $group.resources.limits)) }}
+        {{- toYaml (dict "requests" $requests "limits" $limits) | nindent 8 }}
+        {{- else }}
+        {{- toYaml $group.resources | nindent 8 }}
+        {{- end }}
+      {{- if ne $vol.type "none" }}
+      volumeMounts:
+        - name: model
+          mountPath: {{ $vol.mountPath }}
+          readOnly: true
+          {{- if and (eq $vol.type "pvc") $vol.pvc.subPath }}
+          subPath: {{ $vol.pvc.subPath }}
+          {{- end }}
+      {{- end }}
+      {{- if and (not $isHead) $v.probes.enabled }}
+      {{- $p := $v.probes }}
+      startupProbe:
+        grpc:
+          port: {{ $v.serve.grpcPort }}
+        periodSeconds: {{ $p.startup.periodSeconds }}
+        failureThreshold: {{ $p.startup.failureThreshold }}
+      livenessProbe:
+        httpGet:
+          path: {{ $p.liveness.path }}
+          port: serve
+        periodSeconds: {{ $p.liveness.periodSeconds }}
+        timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
+        failureThreshold: {{ $p.liveness.failureThreshold }}
+      readinessProbe:
+        httpGet:
+          path: {{ $p.readiness.path }}
+          port: serve
+        periodSeconds: {{ $p.readiness.periodSeconds }}
+        timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
+        failureThreshold: {{ $p.readiness.failureThreshold }}
+      {{- end }}
+  {{- if ne $vol.type "none" }}
+  volumes:
+    - name: model
+      {{- if eq $vol.type "pvc" }}
+      persistentVolumeClaim:
+        claimName: {{ $vol.pvc.claimName }}
+        readOnly: true
+      {{- else if eq $vol.type "hostPath" }}
+      hostPath:
+        path: {{ $vol.hostPath.path }}
+        type: {{ $vol.hostPath.type }}
+      {{- else if eq $vol.type "emptyDir" }}
+      {{- if $vol.emptyDir.sizeLimit }}
+      emptyDir:
+        sizeLimit: {{ $vol.emptyDir.sizeLimit }}
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+      {{- end }}
+  {{- end }}
+  {{- with $group.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $group.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $group.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

@@ -1,0 +1,51 @@
+{{/*
+The Ray Serve config (serveConfigV2): one application built by cluster.app:build_app from
+`args`, the same document `kvray config` writes. Integers go through int64 so large values
+(KV cache bytes) are not printed in float notation; unset optional values are left out so
+the application's own defaults apply.
+*/}}
+{{- define "kvray.serveArgs" -}}
+{{- $e := .Values.engine }}
+{{- $s := .Values.serve }}
+{{- $args := dict
+  "tensor_parallel_size" (int64 $e.tensorParallelSize)
+  "device" $e.device
+  "max_num_seqs" (int64 $e.maxNumSeqs)
+  "enable_prefix_caching" $e.enablePrefixCaching
+  "max_ongoing_requests" (int64 $s.maxOngoingRequests)
+  "max_queued_requests" (int64 $s.maxQueuedRequests)
+  "ingress_replicas" (int64 $s.ingressReplicas)
+  "grpc_max_message_bytes" (int64 $s.grpcMaxMessageBytes)
+  "api_key_env" .Values.apiKey.envName
+}}
+{{- with .Values.model.path }}{{ $_ := set $args "model" . }}{{ end }}
+{{- with .Values.model.servedModelName }}{{ $_ := set $args "served_model_name" . }}{{ end }}
+{{- if not (kindIs "invalid" $e.maxModelLen) }}{{ $_ := set $args "max_model_len" (int64 $e.maxModelLen) }}{{ end }}
+{{- if not (kindIs "invalid" $e.kvCacheMemoryBytes) }}{{ $_ := set $args "kv_cache_memory_bytes" (int64 $e.kvCacheMemoryBytes) }}{{ end }}
+{{- if not (kindIs "invalid" $e.maxNumBatchedTokens) }}{{ $_ := set $args "max_num_batched_tokens" (int64 $e.maxNumBatchedTokens) }}{{ end }}
+{{- if $s.autoscaling.enabled }}
+{{- $_ := set $args "min_replicas" (int64 $s.autoscaling.minReplicas) }}
+{{- $_ := set $args "max_replicas" (int64 $s.autoscaling.maxReplicas) }}
+{{- $_ := set $args "target_ongoing_requests" (int64 $s.autoscaling.targetOngoingRequests) }}
+{{- else }}
+{{- $_ := set $args "num_replicas" (int64 $s.replicas) }}
+{{- end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{- define "kvray.serveConfig" -}}
+{{- $s := .Values.serve }}
+{{- $app := dict
+  "name" $s.appName
+  "route_prefix" "/"
+  "import_path" "cluster.app:build_app"
+  "args" (include "kvray.serveArgs" . | fromYaml)
+}}
+{{- $cfg := dict
+  "proxy_location" "EveryNode"
+  "http_options" (dict "host" "0.0.0.0" "port" (int64 $s.httpPort))
+  "grpc_options" (dict "port" (int64 $s.grpcPort) "grpc_servicer_functions" $s.grpcServicerFunctions)
+  "applications" (list $app)
+}}
+{{- toYaml $cfg }}
+{{- end }}

@@ -1,0 +1,1 @@
+"""kvray's public API definitions (protobuf / gRPC); the engine and server live elsewhere."""

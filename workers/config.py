@@ -1,0 +1,250 @@
+"""Frozen configs, built once at the edge (EngineArgs -> EngineConfig) and passed down."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+    @staticmethod
+    def from_hf(cfg: dict[str, Any]) -> RopeConfig:
+        """Reads both spellings: new `rope_parameters` and old top-level `rope_theta`/`rope_scaling`."""
+        params = cfg.get("rope_parameters")
+        if params is None:
+            params = dict(cfg.get("rope_scaling") or {})
+            if "rope_theta" in cfg:
+                params.setdefault("rope_theta", cfg["rope_theta"])
+        params = dict(params)
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        return RopeConfig(
+            theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_type=rope_type,
+            factor=float(params.get("factor", 1.0)),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=params.get("original_max_position_embeddings"),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    rope: RopeConfig
+    checkpoint_dtype: str = "float32"
+    sliding_window: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_pretrained(path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if not path.is_dir():
+            raise ValueError(f"model directory {str(path)!r} does not exist")
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ValueError(f"model directory {str(path)!r} has no config.json")
+        if not list(path.glob("*.safetensors")):
+            raise ValueError(f"model directory {str(path)!r} has no *.safetensors weights")
+        cfg = json.loads(cfg_file.read_text())
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs!r} in {cfg_file}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        missing = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+            if k not in cfg
+        ]
+        if missing:
+            raise ValueError(f"{cfg_file} is missing {', '.join(missing)}")
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        head_dim = cfg.get("head_dim") or hidden // heads
+        raw_dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+        sliding = cfg.get("sliding_window")
+        if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+            sliding = None
+        return ModelConfig(
+            path=str(path),
+            architecture=arch,
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            intermediate_size=int(cfg.get("intermediate_size", 4 * hidden)),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases; Llama/Qwen3 have them only with attention_bias.
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            rope=RopeConfig.from_hf(cfg),
+            checkpoint_dtype=_DTYPES.get(raw_dtype.replace("torch.", ""), "float32"),
+            sliding_window=int(sliding) if sliding else None,
+            eos_token_ids=_eos_ids(path, cfg),
+        )
+
+
+def _eos_ids(path: Path, cfg: dict[str, Any]) -> tuple[int, ...]:
+    """EOS ids: generation_config.json wins over config.json (that is what `generate` uses)."""
+    value: Any = None
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+    if value is None:
+        value = cfg.get("eos_token_id")
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int | None = None  # None: a fraction of free memory (CUDA) / 1 GiB (CPU)
+    gpu_memory_utilization: float = 0.85
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    # Per-collective watchdog: a collective or step that does not finish in this time fails
+    # the engine instead of hanging it.
+    step_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """User-facing knobs; the same names as `LLM(...)` keyword arguments."""
+
+    model: str | None = None  # None: the built-in demo checkpoint
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    device: str | None = None
+    served_model_name: str | None = None
+    step_timeout_s: float = 60.0
+
+    def create_config(self) -> EngineConfig:
+        from workers.platform import Platform
+
+        model_path = self.model
+        if model_path is None:
+            from workers.demo import demo_model_dir
+
+            model_path = str(demo_model_dir())
+        model = ModelConfig.from_pretrained(model_path)
+        for name in ("tensor_parallel_size", "block_size", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        limit = model.max_position_embeddings
+        if model.sliding_window:
+            # No sliding-window attention kernel: cap the context so full attention is exact.
+            limit = min(limit, model.sliding_window)
+        max_model_len = self.max_model_len or limit
+        if max_model_len > limit:
+            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({limit})")
+        batched = self.max_num_batched_tokens or max(2048, self.block_size)
+        platform = Platform.detect(self.device)
+        return EngineConfig(
+            model=model,
+            cache=CacheConfig(
+                block_size=self.block_size,
+                enable_prefix_caching=self.enable_prefix_caching,
+                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            ),
+            scheduler=SchedulerConfig(
+                max_model_len=max_model_len,
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=batched,
+            ),
+            parallel=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size, step_timeout_s=self.step_timeout_s
+            ),
+            device_type=platform.device_type,
+            dtype=str(platform.resolve_dtype(self.dtype, _torch_dtype(model.checkpoint_dtype))),
+            seed=self.seed,
+            served_model_name=self.served_model_name or Path(model_path).name,
+        )
+
+
+def _torch_dtype(name: str):  # noqa: ANN202 - torch imported lazily
+    import torch
+
+    return getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    parallel: ParallelConfig
+    device_type: str
+    dtype: str  # "torch.float32" etc.
+    seed: int = 0
+    served_model_name: str = "model"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def torch_dtype(self):  # noqa: ANN201
+        import torch
+
+        return getattr(torch, self.dtype.replace("torch.", ""))

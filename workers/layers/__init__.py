@@ -1,0 +1,1 @@
+"""Model building blocks: parallel linear/embedding, norms, rotary, paged attention, sampler."""

@@ -1,0 +1,89 @@
+"""Paged attention over a flattened batch that mixes decodes and prefill chunks.
+
+The batch is laid out decodes first (one query token each), then prefill chunks. K/V of
+the step's tokens are first written into the block pool through `slot_mapping`; then
+- decodes: every decode's context is gathered from the pool through its block table into
+  one padded [D, KH, L, Dh] tensor and attended in a single SDPA call with a length mask;
+- prefill chunks: per sequence, causal attention of the chunk's queries over its whole
+  context (cached prefix + the chunk). A chunk with no cached prefix attends to its own
+  fresh K/V directly (no gather).
+This is the torch-native path that runs on CPU and CUDA; a fused CUDA kernel can replace
+`PagedAttention.forward` behind the same metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass
+class PrefillSeq:
+    q_start: int  # offset of the chunk in the flattened batch
+    q_len: int
+    context_len: int  # tokens attended to, chunk included
+    context_slots: torch.Tensor | None  # [context_len] slot ids; None when context == chunk
+    mask: torch.Tensor | None  # [q_len, context_len] bool, True = attend; None = plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None  # [D, max_blocks]
+    decode_mask: torch.Tensor | None  # [D, 1, 1, L] bool
+    prefills: list[PrefillSeq]
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.gqa = num_heads != num_kv_heads
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, Dh]
+        k: torch.Tensor,  # [T, KH, Dh]
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_blocks, block_size, KH, Dh]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        nb, bs = k_cache.shape[:2]
+        k_flat = k_cache.view(nb * bs, self.num_kv_heads, self.head_dim)
+        v_flat = v_cache.view(nb * bs, self.num_kv_heads, self.head_dim)
+        k_flat.index_copy_(0, meta.slot_mapping, k)
+        v_flat.index_copy_(0, meta.slot_mapping, v)
+
+        out = torch.empty_like(q)
+        d = meta.num_decodes
+        if d:
+            tables = meta.decode_block_tables
+            kd = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [D, KH, L, Dh]
+            vd = v_cache[tables].flatten(1, 2).transpose(1, 2)
+            qd = q[:d].unsqueeze(2)  # [D, H, 1, Dh]
+            o = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=self.gqa
+            )
+            out[:d] = o.squeeze(2)
+        for p in meta.prefills:
+            sl = slice(p.q_start, p.q_start + p.q_len)
+            qp = q[sl].transpose(0, 1)  # [H, q, Dh]
+            if p.context_slots is None:
+                kp, vp = k[sl].transpose(0, 1), v[sl].transpose(0, 1)
+            else:
+                kp = k_flat[p.context_slots].transpose(0, 1)  # [KH, ctx, Dh]
+                vp = v_flat[p.context_slots].transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None, scale=self.scale,
+                enable_gqa=self.gqa,
+            )
+            out[sl] = o.transpose(0, 1)
+        return out

@@ -1,0 +1,121 @@
+"""Turns one step's scheduled sequences into flat batch tensors and runs the model.
+
+Layout: decodes (1 query token) first, then prefill chunks; positions, slot mapping, block
+tables and masks are built with numpy in one pass so per-step Python work stays small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from workers.layers.attention import AttentionMetadata, PrefillSeq
+from workers.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class SeqState:
+    """A worker's copy of one sequence."""
+
+    seq_id: str
+    prompt_len: int
+    token_ids: list[int]
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int = 0
+    num_scheduled: int = 0
+    # Plain greedy: argmax suffices (no penalties, logprobs or min_tokens to enforce).
+    plain_greedy: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.plain_greedy = (
+            p.greedy and not p.has_penalties and p.logprobs is None and p.min_tokens == 0
+        )
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_states: list[SeqState]  # rows of the logits, in order
+
+
+def prepare_inputs(
+    states: list[SeqState], block_size: int, device: torch.device
+) -> ModelInput:
+    decodes = [s for s in states if s.num_scheduled == 1]
+    prefills = [s for s in states if s.num_scheduled > 1]
+    ordered = decodes + prefills
+    bs = block_size
+
+    ids: list[int] = []
+    pos_parts: list[np.ndarray] = []
+    slot_parts: list[np.ndarray] = []
+    logits_idx: list[int] = []
+    sample_states: list[SeqState] = []
+
+    d = len(decodes)
+    decode_tables = decode_mask = None
+    if d:
+        ctx = np.fromiter((s.num_computed_tokens for s in decodes), dtype=np.int64, count=d)
+        ids.extend(s.token_ids[s.num_computed_tokens] for s in decodes)
+        max_blocks = max(len(s.block_ids) for s in decodes)
+        tables = np.zeros((d, max_blocks), dtype=np.int64)
+        for r, s in enumerate(decodes):
+            tables[r, : len(s.block_ids)] = s.block_ids
+        pos_parts.append(ctx)
+        slot_parts.append(tables[np.arange(d), ctx // bs] * bs + ctx % bs)
+        # Causal: a decode at position p attends to positions 0..p.
+        length = max_blocks * bs
+        mask = np.arange(length)[None, :] <= ctx[:, None]
+        decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
+        decode_mask = torch.from_numpy(mask).to(device, non_blocking=True)[:, None, None, :]
+        for r, s in enumerate(decodes):
+            if s.num_computed_tokens + 1 == len(s.token_ids):
+                logits_idx.append(r)
+                sample_states.append(s)
+
+    prefill_meta: list[PrefillSeq] = []
+    offset = d
+    for s in prefills:
+        start, n = s.num_computed_tokens, s.num_scheduled
+        end = start + n
+        ids.extend(s.token_ids[start:end])
+        pos = np.arange(start, end, dtype=np.int64)
+        blocks = np.asarray(s.block_ids, dtype=np.int64)
+        pos_parts.append(pos)
+        slot_parts.append(blocks[pos // bs] * bs + pos % bs)
+        if start == 0:
+            slots = mask = None
+        else:
+            ctx_pos = np.arange(end, dtype=np.int64)
+            slots = torch.from_numpy(blocks[ctx_pos // bs] * bs + ctx_pos % bs).to(device)
+            mask_np = ctx_pos[None, :] <= pos[:, None]
+            mask = torch.from_numpy(mask_np).to(device)
+        prefill_meta.append(PrefillSeq(offset, n, end, slots, mask))
+        offset += n
+        if end == len(s.token_ids):
+            logits_idx.append(offset - 1)
+            sample_states.append(s)
+
+    positions = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
+    slots_all = np.concatenate(slot_parts) if slot_parts else np.zeros(0, dtype=np.int64)
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slots_all).to(device),
+        num_decodes=d,
+        decode_block_tables=decode_tables,
+        decode_mask=decode_mask,
+        prefills=prefill_meta,
+    )
+    return ModelInput(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.from_numpy(positions).to(device),
+        meta=meta,
+        logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=device),
+        sample_states=sample_states,
+    )

@@ -1,0 +1,137 @@
+"""The Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k RMSNorm)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workers.config import ModelConfig
+from workers.distributed import TPGroup
+from workers.layers.attention import AttentionMetadata, PagedAttention
+from workers.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from workers.layers.linear import ColumnParallelLinear, RowParallelLinear
+from workers.layers.norm import RMSNorm
+from workers.layers.rotary import RotaryEmbedding
+
+
+def kv_heads_per_rank(config: ModelConfig, tp: TPGroup) -> int:
+    """KV heads split across ranks; replicated when there are more ranks than KV heads."""
+    if tp.size >= config.num_kv_heads:
+        if tp.size % config.num_kv_heads:
+            raise ValueError(
+                f"tensor_parallel_size ({tp.size}) must be a multiple of num_key_value_heads "
+                f"({config.num_kv_heads}) when it exceeds it"
+            )
+        return 1
+    if config.num_kv_heads % tp.size:
+        raise ValueError(
+            f"num_key_value_heads ({config.num_kv_heads}) is not divisible by "
+            f"tensor_parallel_size ({tp.size})"
+        )
+    return config.num_kv_heads // tp.size
+
+
+def check_tp_divisibility(config: ModelConfig, tp: TPGroup) -> None:
+    if config.num_heads % tp.size:
+        raise ValueError(
+            f"num_attention_heads ({config.num_heads}) is not divisible by "
+            f"tensor_parallel_size ({tp.size})"
+        )
+    if config.intermediate_size % tp.size:
+        raise ValueError(
+            f"intermediate_size ({config.intermediate_size}) is not divisible by "
+            f"tensor_parallel_size ({tp.size})"
+        )
+    kv_heads_per_rank(config, tp)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = c.num_heads // tp.size
+        self.num_kv_heads = kv_heads_per_rank(c, tp)
+        self.head_dim = c.head_dim
+        self.q_size = self.num_heads * c.head_dim
+        self.kv_size = self.num_kv_heads * c.head_dim
+        self.qkv_proj = ColumnParallelLinear(
+            c.hidden_size, [self.q_size, self.kv_size, self.kv_size], c.qkv_bias, tp, dtype
+        )
+        self.o_proj = RowParallelLinear(self.q_size, c.hidden_size, False, tp, dtype)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.rotary = rotary
+        self.attn = PagedAttention(
+            self.num_heads, self.num_kv_heads, c.head_dim, scale=c.head_dim**-0.5
+        )
+
+    def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        o = self.attn(q, k, v, kv_cache, meta)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype):
+        super().__init__()
+        self.inter = c.intermediate_size // tp.size
+        self.gate_up_proj = ColumnParallelLinear(
+            c.hidden_size, [self.inter, self.inter], False, tp, dtype
+        )
+        self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.self_attn = Attention(c, tp, dtype, rotary)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.mlp = MLP(c, tp, dtype)
+
+    def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, max_pos: int):
+        super().__init__()
+        check_tp_divisibility(c, tp)
+        self.config = c
+        self.tp = tp
+        self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp, dtype)
+        rotary = RotaryEmbedding(c.rope, c.head_dim, max_pos, dtype)
+        self.rotary = rotary
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, dtype, rotary) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.lm_head = ParallelLMHead(
+            self.embed_tokens if c.tie_word_embeddings else None, c.vocab_size, c.hidden_size,
+            tp, dtype,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Returns logits [len(logits_indices), vocab] for the selected flattened positions."""
+        x = self.embed_tokens(input_ids)
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, cache, meta)
+        x = self.norm(x[logits_indices])
+        return self.lm_head(x)

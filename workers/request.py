@@ -1,0 +1,78 @@
+"""Sequence state: the unit the scheduler schedules (one per sample; a request with n > 1
+has n sequences sharing its request_id)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: str
+    request_id: str
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    prompt: str | None = None
+    # Cumulative tokens (prompt + outputs); appended in place as tokens are sampled.
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    # Chained hashes of this sequence's full blocks, filled lazily by the block manager.
+    block_hashes: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    status: SeqStatus = SeqStatus.WAITING
+    # n > 1: siblings wait for sequence 0's prefill, then reuse its cached prompt blocks.
+    gate: Sequence | None = None
+    # What the workers already hold (the scheduler sends them only the difference).
+    sent_tokens: int = 0
+    sent_blocks: int = 0
+    on_workers: bool = False
+    # Timings (time.monotonic seconds).
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    # Output-side state owned by the output processor (detokenizer, logprobs, text).
+    out: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.prompt_len

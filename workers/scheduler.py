@@ -1,0 +1,118 @@
+"""Token-budget continuous batching with chunked prefill and preemption (vLLM v1 style).
+
+Every step: running sequences first, in admission order (decodes take 1 token, partially
+prefilled prompts take a chunk), then waiting sequences in arrival order while the token
+budget, `max_num_seqs` and KV blocks last. A long prompt is split across steps, so running
+decodes are never starved. When blocks run out, the most recently admitted running
+sequence is preempted: its blocks are freed and it goes back to the front of the queue to
+be recomputed later (reusing whatever the prefix cache still holds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers.block_manager import BlockManager
+from workers.config import SchedulerConfig
+from workers.request import Sequence, SeqStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]]  # (sequence, tokens to compute this step)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        capacity = self.bm.num_blocks * self.bm.block_size
+        if seq.prompt_len + 1 > capacity:
+            raise ValueError(
+                f"prompt ({seq.prompt_len} tokens) can never fit in the KV cache "
+                f"({capacity} tokens); raise kv_cache_memory_bytes"
+            )
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drops a sequence (finished or aborted) and returns its blocks."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        seq.sent_blocks = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        out = SchedulerOutput(scheduled=[])
+        # 1. Running sequences, oldest admission first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.bm.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append((seq, n))
+                budget -= n
+                i += 1
+                continue
+            # seq itself was preempted; the list shifted, do not advance i.
+        # 2. Waiting sequences, in arrival order, unless we just had to preempt.
+        now = time.monotonic()
+        skipped: list[Sequence] = []
+        while (
+            self.waiting
+            and budget > 0
+            and not out.preempted
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            if seq.gate is not None and not seq.gate.prefill_done and not seq.gate.finished:
+                skipped.append(self.waiting.popleft())  # wait for the sibling's prompt blocks
+                continue
+            cached = self.bm.lookup_prefix(seq) if seq.num_computed_tokens == 0 else []
+            num_cached = len(cached) * self.bm.block_size
+            n = min(seq.num_tokens - num_cached, budget)
+            if not self.bm.allocate(seq, n, cached):
+                break
+            if seq.first_scheduled_time is None:
+                self.bm.record_query(seq.prompt_len, min(num_cached, seq.prompt_len))
+                seq.num_cached_tokens = min(num_cached, seq.prompt_len)
+                seq.first_scheduled_time = now
+            seq.num_computed_tokens = num_cached
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out

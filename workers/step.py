@@ -1,0 +1,46 @@
+"""What the engine sends the workers each step (a diff) and what comes back.
+
+Like vLLM v1's scheduler output: a sequence's full data goes to the workers once (when it
+is first scheduled, or again after preemption); afterwards a step carries only its id, the
+tokens appended since, the blocks added since and how many tokens to compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workers.sampling_params import SamplingParams
+
+
+@dataclass
+class NewSeq:
+    seq_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # prompt + outputs so far (outputs are non-empty after preemption)
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled: int
+
+
+@dataclass
+class CachedSeq:
+    seq_id: str
+    new_token_ids: list[int]
+    new_block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled: int
+
+
+@dataclass
+class StepInput:
+    new: list[NewSeq] = field(default_factory=list)
+    cached: list[CachedSeq] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # finished, aborted or preempted
+
+
+@dataclass
+class StepOutput:
+    seq_ids: list[str]  # sequences that got a token this step
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None] | None = None  # per sampled row, when asked

@@ -1,0 +1,148 @@
+"""One tensor-parallel rank: its weight shard, its KV-cache shard, and the model runner.
+
+The same class runs in-process (TP = 1, offline fast path) and inside a Ray actor (TP >= 1).
+Only the driver rank (0) samples; every rank runs the forward pass in lockstep.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from workers.config import EngineConfig
+from workers.distributed import TPGroup
+from workers.loader import load_weights
+from workers.model_runner import SeqState, prepare_inputs
+from workers.models import build_model
+from workers.models.llama import kv_heads_per_rank
+from workers.step import StepInput, StepOutput
+
+log = logging.getLogger(__name__)
+
+_CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
+    m = config.model
+    elem = torch.empty(0, dtype=config.torch_dtype).element_size()
+    kvh = kv_heads_per_rank(m, tp)
+    return 2 * m.num_layers * config.cache.block_size * kvh * m.head_dim * elem
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, tp: TPGroup, device: torch.device,
+                 progress: bool = False) -> None:
+        self.config = config
+        self.tp = tp
+        self.device = device
+        self.is_driver = tp.rank == 0
+        self.block_size = config.cache.block_size
+        t0 = time.perf_counter()
+        torch.manual_seed(config.seed)
+        with torch.device(device):
+            self.model = build_model(
+                config.model, tp, config.torch_dtype, config.scheduler.max_model_len
+            )
+        load_weights(self.model, config.model, tp, progress=progress)
+        self.model.eval()
+        log.info(
+            "rank %d/%d: loaded %s (%.1f M params on this rank) in %.2fs",
+            tp.rank, tp.size, config.model.architecture,
+            sum(p.numel() for p in self.model.parameters()) / 1e6, time.perf_counter() - t0,
+        )
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.states: dict[str, SeqState] = {}
+        from workers.layers.sampler import Sampler
+
+        self.sampler = Sampler(seed=config.seed)
+
+    def param_bytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        return total
+
+    def available_kv_blocks(self) -> int:
+        per_block = kv_bytes_per_block(self.config, self.tp)
+        budget = self.config.cache.kv_cache_memory_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * self.config.cache.gpu_memory_utilization)
+            else:
+                budget = _CPU_DEFAULT_KV_BYTES
+        return max(0, budget // per_block)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        m = self.config.model
+        shape = (num_blocks, self.block_size, kv_heads_per_rank(m, self.tp), m.head_dim)
+        # Zeroed, not empty: padded decode rows read unused slots, and garbage NaNs there would
+        # poison the masked softmax (0 * NaN = NaN).
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device),
+            )
+            for _ in range(m.num_layers)
+        ]
+
+    def _apply(self, step: StepInput) -> list[SeqState]:
+        states = self.states
+        for sid in step.removed:
+            states.pop(sid, None)
+        order: list[SeqState] = []
+        for n in step.new:
+            s = SeqState(
+                n.seq_id, len(n.prompt_token_ids), list(n.token_ids), n.params, list(n.block_ids),
+                n.num_computed_tokens, n.num_scheduled,
+            )
+            states[n.seq_id] = s
+            order.append(s)
+        for c in step.cached:
+            s = states[c.seq_id]
+            if c.new_token_ids:
+                s.token_ids.extend(c.new_token_ids)
+            if c.new_block_ids:
+                s.block_ids.extend(c.new_block_ids)
+            s.num_computed_tokens = c.num_computed_tokens
+            s.num_scheduled = c.num_scheduled
+            order.append(s)
+        return order
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> StepOutput | None:
+        order = self._apply(step)
+        if not order:
+            return StepOutput([], []) if self.is_driver else None
+        inp = prepare_inputs(order, self.block_size, self.device)
+        logits = self.model(
+            inp.input_ids, inp.positions, self.kv_caches, inp.meta, inp.logits_indices
+        )
+        if not self.is_driver:
+            return None
+        rows = inp.sample_states
+        ids = [s.seq_id for s in rows]
+        if not rows:
+            return StepOutput([], [])
+        if all(s.plain_greedy for s in rows):
+            return StepOutput(ids, logits.argmax(dim=-1).tolist())
+        return self._sample(logits, rows, ids)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SeqState], ids: list[str]) -> StepOutput:
+        from workers.layers.sampler import SamplingBatch, logprobs_to_dicts
+
+        batch = SamplingBatch.build(
+            [s.params for s in rows],
+            [s.token_ids[: s.prompt_len] for s in rows],
+            [s.token_ids[s.prompt_len :] for s in rows],
+            device=logits.device,
+            vocab_size=logits.shape[-1],
+        )
+        out = self.sampler(logits.float(), batch)
+        logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
+        return StepOutput(ids, out.token_ids.tolist(), logprobs)

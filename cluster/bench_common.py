@@ -189,8 +189,9 @@ class BenchResult:
 
     def line(self) -> str:
         return (
-            f"{self.backend:>24}: {self.elapsed_s:8.2f} s  {self.requests_per_s:8.2f} req/s  "
-            f"{self.output_tokens_per_s:10.1f} output tok/s  {self.total_tokens_per_s:10.1f} total tok/s"
+            f"{self.backend:>30}: {self.elapsed_s:8.2f} s  {self.requests_per_s:8.2f} req/s  "
+            f"{self.output_tokens_per_s:10.1f} output tok/s  "
+            f"{self.total_tokens_per_s:10.1f} total tok/s"
         )
 
 
@@ -208,20 +209,20 @@ def format_table(
     comparisons: dict[str, dict[str, float]],
 ) -> str:
     """A plain-text table of every backend, skipped ones, then the requested ratios."""
-    header = f"{'backend':<24} {'req/s':>10} {'output tok/s':>14} {'total tok/s':>14} {'time s':>9}"
+    header = f"{'backend':<30} {'req/s':>10} {'output tok/s':>14} {'total tok/s':>14} {'time s':>9}"
     rows = [header, "-" * len(header)]
     for r in results:
         rows.append(
-            f"{r.backend:<24} {r.requests_per_s:>10.2f} {r.output_tokens_per_s:>14.1f} "
+            f"{r.backend:<30} {r.requests_per_s:>10.2f} {r.output_tokens_per_s:>14.1f} "
             f"{r.total_tokens_per_s:>14.1f} {r.elapsed_s:>9.2f}"
         )
     for name, why in skipped.items():
-        rows.append(f"{name:<24} skipped: {why}")
+        rows.append(f"{name:<30} skipped: {why}")
     if comparisons:
-        rows += ["", f"{'ratio':<24} {'req/s':>10} {'output tok/s':>14} {'total tok/s':>14}"]
+        rows += ["", f"{'ratio':<30} {'req/s':>10} {'output tok/s':>14} {'total tok/s':>14}"]
         for name, r in comparisons.items():
             rows.append(
-                f"{name:<24} {r['requests_per_s']:>10.2f}x {r['output_tokens_per_s']:>13.2f}x "
+                f"{name:<30} {r['requests_per_s']:>10.2f}x {r['output_tokens_per_s']:>13.2f}x "
                 f"{r['total_tokens_per_s']:>13.2f}x"
             )
     return "\n".join(rows)

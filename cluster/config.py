@@ -47,7 +47,7 @@ class ServeConfig:
 
     @staticmethod
     def from_args(args: Mapping[str, Any] | None) -> ServeConfig:
-        """Validates a YAML `args` mapping (or flags) into a config. Unknown keys raise ValueError."""
+        """Validates a YAML `args` mapping (or flags). Unknown keys raise ValueError."""
         args = dict(args or {})
         known = {f.name for f in fields(ServeConfig)}
         unknown = sorted(set(args) - known)
@@ -106,7 +106,9 @@ def _validate(cfg: ServeConfig) -> None:
         "ingress_replicas",
         "grpc_max_message_bytes",
     ):
-        need(is_int(getattr(cfg, name)) and getattr(cfg, name) >= 1, name, "must be an integer >= 1")
+        need(
+            is_int(getattr(cfg, name)) and getattr(cfg, name) >= 1, name, "must be an integer >= 1"
+        )
     for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens"):
         v = getattr(cfg, name)
         need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 or null")
@@ -125,7 +127,8 @@ def _validate(cfg: ServeConfig) -> None:
     need(isinstance(cfg.enable_prefix_caching, bool), "enable_prefix_caching", "must be a boolean")
     need(cfg.model is None or isinstance(cfg.model, str), "model", "must be a path string or null")
     need(
-        cfg.served_model_name is None or (isinstance(cfg.served_model_name, str) and cfg.served_model_name != ""),
+        cfg.served_model_name is None
+        or (isinstance(cfg.served_model_name, str) and cfg.served_model_name != ""),
         "served_model_name",
         "must be a non-empty string or null",
     )

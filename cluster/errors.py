@@ -123,7 +123,9 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-def invalid_from_value_error(err: ValueError, default_field: str | None = None) -> InvalidRequestError:
+def invalid_from_value_error(
+    err: ValueError, default_field: str | None = None
+) -> InvalidRequestError:
     """A ValueError from SamplingParams / the engine names its field first ("top_p must be ...")."""
     message = str(err)
     head = message.split(" ", 1)[0].strip("'\"`:")

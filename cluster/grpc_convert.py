@@ -1,11 +1,12 @@
 """kvray.v1 messages <-> LLMServer's request dicts and the engine's RequestOutputs.
 
-Pure functions, no Ray and no server: the gRPC ingress (cluster/grpc_api.py) is these plus
-transport. Requests become the same dict the HTTP ingress builds (see cluster/llm_server.py),
-with the same defaults as the HTTP API (max_tokens 16 for text / token-id prompts as
-/v1/completions, unset for chat as /v1/chat/completions), so both APIs give the same output
-for the same request. Field values are checked by the engine's SamplingParams, once, for
-both APIs; errors come back naming the field as the client wrote it (`sampling.top_p`).
+Pure functions, no Ray and no server: the gRPC ingress (cluster/grpc_servicer.py) is these
+plus transport and the tokenizer. Requests become the same dict the HTTP ingress builds (see
+cluster/llm_server.py) with the same defaults as the HTTP API (max_tokens 16 for text and
+token-id prompts as /v1/completions, unset for chat as /v1/chat/completions), so both APIs
+give the same output for the same request. Field values are checked by the engine's
+SamplingParams, once for both APIs; errors name the field as the client wrote it
+(`sampling.top_p`).
 """
 
 from __future__ import annotations
@@ -52,24 +53,34 @@ def input_kind(req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest) -> str | 
     return req.WhichOneof("input")
 
 
-def llm_request(req: llm_pb2.GenerateRequest, request_id: str) -> dict[str, Any]:
-    """The LLMServer.generate request dict for a GenerateRequest."""
+def prompt_input(
+    req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest,
+) -> tuple[str, str | list[int] | list[dict[str, str]]]:
+    """The `input` oneof as (kind, value): text, token ids, or chat messages as dicts."""
     kind = input_kind(req)
-    out: dict[str, Any] = {"request_id": request_id, "prompt": None, "messages": None}
     if kind == "text":
         if not req.text:
             raise InvalidRequestError("text", "text must not be empty")
-        out["prompt"] = req.text
-    elif kind == "token_ids":
+        return kind, req.text
+    if kind == "token_ids":
         if not req.token_ids.ids:
             raise InvalidRequestError("token_ids", "token_ids.ids must hold at least one token id")
-        out["prompt"] = list(req.token_ids.ids)
-    elif kind == "chat":
-        out["messages"] = chat_messages(req.chat)
-    else:
-        raise InvalidRequestError("input", "set one of text, token_ids or chat")
-    out["params"] = sampling_kwargs(req, chat=kind == "chat")
-    return out
+        return kind, list(req.token_ids.ids)
+    if kind == "chat":
+        return kind, chat_messages(req.chat)
+    raise InvalidRequestError("input", "set one of the input fields (text, token_ids, chat)")
+
+
+def llm_request(
+    req: llm_pb2.GenerateRequest, request_id: str, prompt_ids: list[int]
+) -> dict[str, Any]:
+    """The LLMServer.generate request dict, the prompt already tokenized (as the HTTP
+    ingress does, so the prefix-affinity router sees token ids)."""
+    return {
+        "request_id": request_id,
+        "prompt": prompt_ids,
+        "params": sampling_kwargs(req, chat=input_kind(req) == "chat"),
+    }
 
 
 def chat_messages(chat: llm_pb2.ChatMessages) -> list[dict[str, str]]:
@@ -103,16 +114,6 @@ def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, An
     if req.HasField("logprobs"):
         params["logprobs"] = req.logprobs.top_logprobs
     return params
-
-
-def tokenize_request(req: llm_pb2.TokenizeRequest) -> dict[str, Any]:
-    """The LLMServer.tokenize request dict for a TokenizeRequest."""
-    kind = input_kind(req)
-    if kind == "text":
-        return {"prompt": req.text}
-    if kind == "chat":
-        return {"messages": chat_messages(req.chat), "add_generation_prompt": True}
-    raise InvalidRequestError("input", "set one of text or chat")
 
 
 def request_field_path(field_name: str | None, kind: str | None) -> str | None:

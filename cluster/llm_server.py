@@ -12,6 +12,7 @@ The request is a plain dict so both ingresses build it the same way:
      "prompt": str | list[int] | None,        # text or token ids
      "messages": list[dict] | None,           # chat: rendered with the checkpoint's template
      "params": dict,                          # SamplingParams keyword arguments
+     "stream": bool,                          # default True; False: only the final output
      "routing_key": str | None}               # optional; see cluster.router
 
 Errors are `cluster.errors` classes (InvalidRequestError, QueueFullError, EngineDeadError),
@@ -64,9 +65,12 @@ class LLMServer:
         # Requests admitted to this replica that have not produced their first output yet:
         # the bounded waiting queue behind admission control (429 beyond the cap).
         self._queued = 0
-        self._metrics = EngineMetrics(model=self._model_name, replica=_replica_name())
+        self._replica = _replica_name()
+        self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
-        logger.info("LLMServer ready: model=%s max_model_len=%d", self._model_name, self.max_model_len)
+        logger.info(
+            "LLMServer ready: model=%s max_model_len=%d", self._model_name, self.max_model_len
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -79,6 +83,7 @@ class LLMServer:
         `max_queued_requests`) or EngineDeadError before the first output.
         """
         request_id = str(request.get("request_id") or uuid.uuid4().hex)
+        stream_deltas = bool(request.get("stream", True))
         prompt = self._prompt(request)
         params = sampling_params(request.get("params") or {})
         if self._queued >= self._config.max_queued_requests:
@@ -86,7 +91,6 @@ class LLMServer:
                 f"too many requests waiting on this replica ({self._queued} >= "
                 f"max_queued_requests={self._config.max_queued_requests}); retry later"
             )
-        self._check_alive()
         self._queued += 1
         waiting = True
         finished = False
@@ -102,6 +106,8 @@ class LLMServer:
                     if out.finished:
                         finished = True
                         self._metrics.observe_finished(out)
+                    elif not stream_deltas:
+                        continue
                     yield out
         except ValueError as err:
             raise invalid_from_value_error(err, default_field="prompt") from None
@@ -132,10 +138,24 @@ class LLMServer:
 
     async def model_card(self) -> dict[str, Any]:
         """{"id", "max_model_len", "created"} for /v1/models and ListModels."""
-        return {"id": self._model_name, "max_model_len": self.max_model_len, "created": self._created}
+        return {
+            "id": self._model_name,
+            "max_model_len": self.max_model_len,
+            "created": self._created,
+        }
 
     async def stats(self) -> EngineStats:
         return self._engine.stats()
+
+    async def replica_stats(self) -> dict[str, Any]:
+        """EngineStats fields plus this replica's id and queue: for tests, benches, debugging."""
+        import dataclasses
+
+        return {
+            "replica": self._replica,
+            "queued": self._queued,
+            **dataclasses.asdict(self._engine.stats()),
+        }
 
     async def check_health(self) -> None:
         """Ray Serve's health hook: raising marks the replica unhealthy and gets it replaced."""
@@ -175,7 +195,9 @@ class LLMServer:
         if isinstance(prompt, list) and prompt:
             check_token_ids(prompt, self._engine.tokenizer.vocab_size, "prompt")
             return [int(t) for t in prompt]
-        raise InvalidRequestError("prompt", "prompt must be a non-empty string or list of token ids")
+        raise InvalidRequestError(
+            "prompt", "prompt must be a non-empty string or list of token ids"
+        )
 
     def _chat_ids(self, messages: Any, add_generation_prompt: bool) -> list[int]:
         if not isinstance(messages, list) or not messages:
@@ -204,7 +226,9 @@ class LLMServer:
         while True:
             try:
                 self._metrics.observe_stats(self._engine.stats())
-                self._metrics.observe_step_tokens(self._engine.pop_step_token_counts())
+                # Waits for the engine thread's next command slot: off this event loop.
+                counts = await asyncio.to_thread(self._engine.pop_step_token_counts)
+                self._metrics.observe_step_tokens(counts)
             except Exception:  # metrics must never take the replica down
                 logger.exception("pushing engine stats failed")
             await asyncio.sleep(STATS_INTERVAL_S)
@@ -255,7 +279,9 @@ def check_token_ids(ids: Any, vocab_size: int, field: str) -> None:
     if not isinstance(ids, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids
     ):
-        raise InvalidRequestError(field, f"{field} must be a list of token ids in [0, {vocab_size})")
+        raise InvalidRequestError(
+            field, f"{field} must be a list of token ids in [0, {vocab_size})"
+        )
 
 
 def _replica_name() -> str:

@@ -50,13 +50,16 @@ QUEUE_BUCKETS_S: tuple[float, ...] = (
 # Token counts per request, 1-2-5 steps up to a million-token context. Boundaries are per
 # metric name across the whole cluster, so they cannot follow one model's max_model_len.
 REQUEST_TOKEN_BUCKETS: tuple[float, ...] = tuple(
-    float(m * 10**e) for e in range(7) for m in (1, 2, 5)
+    float(m * 10**e) for e in range(6) for m in (1, 2, 5)
 ) + (1_000_000.0,)
 # Tokens per engine step: token budgets are usually powers of two.
 ITERATION_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(18))
 
+# Label values created at 0 up front (see _zero): DESIGN.md's routing decisions, the engine's
+# finish reasons, and the rejection reasons the ingresses use.
 ROUTING_DECISIONS = ("affinity", "load", "fallback")
 FINISH_REASONS = ("stop", "length", "abort")
+REJECT_REASONS = ("queue_full", "unauthenticated")
 
 
 def _zero(counter: Any, tags: dict[str, str]) -> None:
@@ -246,6 +249,8 @@ class RouterMetrics:
         )
         for decision in ROUTING_DECISIONS:
             _zero(self._routing, {"decision": decision})
+        for reason in REJECT_REASONS:
+            _zero(self._rejected, {"reason": reason})
 
     def request(self, protocol: str, code: str) -> None:
         self._requests.inc(tags={"protocol": protocol, "code": str(code)})

@@ -92,7 +92,13 @@ class Formatter:
     """Builds one API request's bodies; `kind` is "completion" or "chat"."""
 
     def __init__(
-        self, kind: str, request_id: str, model: str, n: int, top_logprobs: int | None, tok: TokenStrings
+        self,
+        kind: str,
+        request_id: str,
+        model: str,
+        n: int,
+        top_logprobs: int | None,
+        tok: TokenStrings,
     ) -> None:
         self.kind = kind
         self.id = request_id
@@ -108,7 +114,13 @@ class Formatter:
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _logprobs(self, c: CompletionOutput, ids: Sequence[int], lps: Sequence[TokenLogprobs] | None, index: int) -> Any:
+    def _logprobs(
+        self,
+        c: CompletionOutput,
+        ids: Sequence[int],
+        lps: Sequence[TokenLogprobs] | None,
+        index: int,
+    ) -> Any:
         if self.top_logprobs is None or lps is None:
             return None
         if self.kind == "chat":
@@ -138,7 +150,12 @@ class Formatter:
                     )
                 else:
                     choices.append(
-                        {"index": index, "text": c.text, "logprobs": lps, "finish_reason": c.finish_reason}
+                        {
+                            "index": index,
+                            "text": c.text,
+                            "logprobs": lps,
+                            "finish_reason": c.finish_reason,
+                        }
                     )
         choices.sort(key=lambda ch: ch["index"])
         body = self._base("chat.completion" if self.kind == "chat" else "text_completion")
@@ -163,7 +180,9 @@ class Formatter:
             # Nothing visible yet (e.g. bytes of a multi-byte character held back): skip.
             if not (c.delta_text or finish or with_lps or first):
                 continue
-            lps = self._logprobs(c, c.delta_token_ids, c.delta_logprobs, index) if with_lps else None
+            lps = (
+                self._logprobs(c, c.delta_token_ids, c.delta_logprobs, index) if with_lps else None
+            )
             if self.kind == "chat":
                 delta: dict[str, Any] = {"content": c.delta_text}
                 if first:
@@ -172,7 +191,12 @@ class Formatter:
                 choice = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
                 body = self._base("chat.completion.chunk")
             else:
-                choice = {"index": index, "text": c.delta_text, "logprobs": lps, "finish_reason": finish}
+                choice = {
+                    "index": index,
+                    "text": c.delta_text,
+                    "logprobs": lps,
+                    "finish_reason": finish,
+                }
                 body = self._base("text_completion")
             body["choices"] = [choice]
             frames.append(sse(body))

@@ -128,9 +128,7 @@ class ChatMessage(BaseModel):
             texts = []
             for part in content:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequestError(
-                        "messages", "only text content parts are supported"
-                    )
+                    raise InvalidRequestError("messages", "only text content parts are supported")
                 texts.append(part["text"])
             content = "".join(texts)
         return {"role": self.role, "content": content or ""}
@@ -153,11 +151,17 @@ class ChatCompletionRequest(_SamplingFields):
         if self.tools:
             raise InvalidRequestError("tools", "tool calling is not supported")
         if self.response_format and self.response_format.get("type", "text") != "text":
-            raise InvalidRequestError("response_format", "only response_format type 'text' is supported")
+            raise InvalidRequestError(
+                "response_format", "only response_format type 'text' is supported"
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs", "top_logprobs needs logprobs=true")
         params = self.common_params()
-        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        limit = (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
         params["max_tokens"] = limit
         params["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         return params

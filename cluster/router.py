@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -42,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
 def prefix_routing_key(
     token_ids: Sequence[int], block_size: int = 16, max_blocks: int = 4
 ) -> str | None:
-    """Hash of the first full KV blocks (at most `max_blocks`), or None if there is no full block."""
+    """Hash of the first full KV blocks (at most `max_blocks`); None without a full block."""
     full = min(len(token_ids) // block_size, max_blocks)
     if full == 0:
         return None
@@ -100,7 +101,8 @@ class PrefixAffinityRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        by_load = sorted(candidate_replicas, key=self._load)
+        # Shuffled first so that equally loaded replicas share the work (sort is stable).
+        by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
         preferred = self._preferred(candidate_replicas, pending_request)
         if preferred is None:
             # Ray Serve picks the least loaded within a rank (probing if its cache is cold).
@@ -110,7 +112,9 @@ class PrefixAffinityRouter(RequestRouter):
             return [others[:2], [preferred]] if others else [[preferred]]
         return [[preferred], [r for r in by_load if r.replica_id != preferred.replica_id][:2]]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: Any, result: Any
+    ) -> None:
         preferred = self._preferred(self._replicas_list, pending_request)
         if preferred is None:
             decision = "load"

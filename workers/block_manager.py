@@ -92,8 +92,8 @@ class BlockManager:
 
     # -- allocation -------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
-        need -= len(cached)
+        total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        need = self.blocks_needed(total) - len(seq.block_ids) - len(cached)
         # Cached blocks sitting in the free queue are not free once we take them.
         taken_from_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
         return need <= self.num_free_blocks - taken_from_free
@@ -105,10 +105,11 @@ class BlockManager:
         """
         if not self.can_allocate(seq, num_new_tokens, cached):
             return False
+        total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
         for bid in cached:
             self._ref(bid)
             seq.block_ids.append(bid)
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
+        need = self.blocks_needed(total) - len(seq.block_ids)
         for _ in range(need):
             bid, _ = self.free_queue.popitem(last=False)
             block = self.blocks[bid]

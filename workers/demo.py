@@ -9,9 +9,10 @@ near-uniform logits would make greedy decoding emit one token forever and make
 and varied continuations.
 
 The cache directory name carries a hash of everything that determines the output (this
-module's source, the recipe, the corpus text), so changing any of them builds a fresh copy instead of
-reusing a stale one. Builds go into a temporary sibling directory that is renamed into place,
-so concurrent processes (Ray workers starting together) never see a half-written checkpoint.
+module's source, the recipe, the corpus text), so changing any of them builds a fresh copy
+instead of reusing a stale one. Builds go into a temporary sibling directory that is renamed
+into place, so concurrent processes (Ray workers starting together) never see a half-written
+checkpoint.
 """
 
 from __future__ import annotations
@@ -112,7 +113,6 @@ def recipe_hash(recipe: DemoRecipe) -> str:
     # This file's own source is the build code: any edit to it must invalidate old builds.
     h.update(Path(__file__).read_bytes())
     h.update(json.dumps(dataclasses.asdict(recipe), sort_keys=True).encode())
-    h.update(CHAT_TEMPLATE.encode())
     for path in _corpus_files():
         h.update(path.name.encode())
         h.update(path.read_bytes())

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field, replace
 from workers.block_manager import BlockManager
 from workers.config import EngineArgs, EngineConfig
 from workers.executor import Executor, create_executor
-from workers.output_processor import completion_output, new_output_state, process_token
+from workers.output_processor import (
+    completion_output,
+    finish_abort,
+    new_output_state,
+    process_token,
+)
 from workers.outputs import RequestMetrics, RequestOutput
 from workers.request import Sequence, SeqStatus
 from workers.sampling_params import SamplingParams
@@ -140,8 +145,7 @@ class LLMEngine:
         if req is None:
             return None
         for seq in req.seqs:
-            if seq.finish_reason is None:
-                seq.finish_reason = "abort"
+            finish_abort(seq)
             self._retire(seq)
         return self._finish_request(req)
 

@@ -30,8 +30,9 @@ Order of operations (vLLM's):
    get -inf.
 4. Greedy rows (temperature < 1e-5 or top_k == 1) take the argmax; ties go to the lowest id.
 5. Other rows: divide by temperature, keep the top-k, keep the smallest prefix of the sorted
-   distribution whose mass reaches top_p (the top token always survives), drop tokens whose
-   probability is below min_p x the highest, then sample by the exponential race
+   distribution whose mass reaches top_p (the top token always survives; tokens tied with the
+   last survivor of top-k or top-p survive too), drop tokens whose probability is below
+   min_p x the highest, then sample by the exponential race
    ``argmax(probs / q)`` with q ~ Exp(1) per vocabulary entry.
 
 Seeding: a row with ``SamplingParams.seed`` draws its noise from a generator re-seeded from a
@@ -56,6 +57,8 @@ from workers.sampling_params import SamplingParams
 # is untouched even when float rounding pushes a cumulative sum a hair above 1.
 _TOP_P_OFF = 2.0
 _MASK64 = (1 << 64) - 1
+# Tokens a top-p row without top-k looks at before falling back to sorting the vocabulary.
+_TOP_P_PROBE = 1024
 
 
 class SamplerOutput(NamedTuple):
@@ -79,6 +82,8 @@ class SamplingBatch:
     temperature: Tensor | None  # [B] float; None when all rows are greedy (greedy rows hold 1)
     top_k: Tensor | None  # [B] long in [1, V]; rows without top-k hold V
     top_p: Tensor | None  # [B] float; rows without top-p hold _TOP_P_OFF
+    candidates: int  # how many best tokens per row top-k/top-p look at first (V: a full sort)
+    top_p_probe: bool  # a top-p row lacks top-k: sort all V if the candidates fall short
     min_p: Tensor | None  # [B] float; rows without min-p hold 0
     penalty_rows: Tensor | None  # [P] long: the rows with any penalty, None when all rows
     repetition_penalty: Tensor | None  # [P, 1]
@@ -123,53 +128,20 @@ class SamplingBatch:
         device = torch.device(device)
         positions = [len(out) for out in output_token_ids]
         greedy = [p.greedy for p in params]
-        all_greedy = all(greedy)
         seeds = [p.seed for p in params]
-        seeded_rows = [i for i in range(num_rows) if seeds[i] is not None and not greedy[i]]
-        shared_noise = any(s is None and not g for s, g in zip(seeds, greedy, strict=True))
+        pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
 
         # Per-row scalars travel to the device in one transfer (see _rows_to_device).
-        columns: dict[str, list[float]] = {}
-        if not all_greedy:
-            columns["temperature"] = [
-                1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)
-            ]
-            if any(greedy):
-                columns["greedy"] = [float(g) for g in greedy]
-            if any(1 < p.top_k < vocab_size and not g for p, g in zip(params, greedy, strict=True)):
-                columns["top_k"] = [
-                    float(vocab_size if p.top_k == -1 else min(p.top_k, vocab_size)) for p in params
-                ]
-            if any(p.top_p < 1.0 and not g for p, g in zip(params, greedy, strict=True)):
-                columns["top_p"] = [p.top_p if p.top_p < 1.0 else _TOP_P_OFF for p in params]
-            if any(p.min_p > 0.0 and not g for p, g in zip(params, greedy, strict=True)):
-                columns["min_p"] = [p.min_p for p in params]
-
-        pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
-        pen_params = [params[i] for i in pen_rows]
-        if any(p.repetition_penalty != 1.0 for p in pen_params):
-            columns["repetition_penalty"] = [p.repetition_penalty for p in pen_params]
-        if any(p.frequency_penalty != 0.0 for p in pen_params):
-            columns["frequency_penalty"] = [p.frequency_penalty for p in pen_params]
-        if any(p.presence_penalty != 0.0 for p in pen_params):
-            columns["presence_penalty"] = [p.presence_penalty for p in pen_params]
+        columns, candidates, top_p_probe = _filter_columns(params, greedy, vocab_size)
+        columns.update(_penalty_columns([params[i] for i in pen_rows]))
         t = _rows_to_device(columns, device)
-
-        output_counts = prompt_mask = None
-        if pen_rows:
-            shape = (len(pen_rows), vocab_size)
-            outputs = [output_token_ids[i] for i in pen_rows]
-            output_counts = torch.zeros(shape, dtype=torch.float32, device=device)
-            output_counts.index_put_(
-                _row_col(outputs, device), _ones(outputs, device), accumulate=True
-            )
-            if "repetition_penalty" in t:
-                prompts = [
-                    prompt_token_ids[i] if p.repetition_penalty != 1.0 else []
-                    for i, p in zip(pen_rows, pen_params, strict=True)
-                ]
-                prompt_mask = torch.zeros(shape, dtype=torch.bool, device=device)
-                prompt_mask[_row_col(prompts, device)] = True
+        output_counts, prompt_mask = _token_tables(
+            [params[i] for i in pen_rows],
+            [prompt_token_ids[i] for i in pen_rows],
+            [output_token_ids[i] for i in pen_rows],
+            vocab_size,
+            device,
+        )
 
         if blocked_token_ids is None:
             blocked_token_ids = [
@@ -178,20 +150,20 @@ class SamplingBatch:
             ]
         # Out-of-vocabulary stop ids can never be sampled; dropping them keeps index_put valid.
         blocked_lists = [[i for i in ids if 0 <= i < vocab_size] for ids in blocked_token_ids]
-        blocked = _row_col(blocked_lists, device) if any(blocked_lists) else None
 
         num_logprobs = [p.logprobs for p in params]
         requested = [n for n in num_logprobs if n is not None]
-        top_k = t.get("top_k")
-        greedy_t = t.get("greedy")
+        top_k, greedy_mask = t.get("top_k"), t.get("greedy")
         return cls(
             num_rows=num_rows,
             vocab_size=vocab_size,
-            all_greedy=all_greedy,
-            greedy=greedy_t.bool() if greedy_t is not None else None,
+            all_greedy=all(greedy),
+            greedy=greedy_mask.bool() if greedy_mask is not None else None,
             temperature=t.get("temperature"),
             top_k=top_k.long() if top_k is not None else None,
             top_p=t.get("top_p"),
+            candidates=candidates,
+            top_p_probe=top_p_probe,
             min_p=t.get("min_p"),
             penalty_rows=(
                 torch.tensor(pen_rows, dtype=torch.long, device=device)
@@ -203,14 +175,81 @@ class SamplingBatch:
             presence_penalty=_column(t, "presence_penalty"),
             output_counts=output_counts,
             prompt_mask=prompt_mask,
-            blocked=blocked,
+            blocked=_row_col(blocked_lists, device) if any(blocked_lists) else None,
             seeds=seeds,
             positions=positions,
-            seeded_rows=seeded_rows,
-            shared_noise=shared_noise,
+            seeded_rows=[
+                i
+                for i, (s, g) in enumerate(zip(seeds, greedy, strict=True))
+                if s is not None and not g
+            ],
+            shared_noise=any(s is None and not g for s, g in zip(seeds, greedy, strict=True)),
             num_logprobs=num_logprobs,
             max_logprobs=min(max(requested), vocab_size) if requested else -1,
         )
+
+
+def _filter_columns(
+    params: list[SamplingParams], greedy: list[bool], vocab_size: int
+) -> tuple[dict[str, list[float]], int, bool]:
+    """Temperature / top-k / top-p / min-p columns some random row needs; see _mask_top_k_top_p
+    for the other two results."""
+    if all(greedy):
+        return {}, 0, False
+    rows = list(zip(params, greedy, strict=True))
+    columns = {"temperature": [1.0 if g else p.temperature for p, g in rows]}
+    if any(greedy):
+        columns["greedy"] = [float(g) for g in greedy]
+    # Greedy rows hold "off" so they never widen the candidate list below.
+    ks = [vocab_size if g or p.top_k == -1 else min(p.top_k, vocab_size) for p, g in rows]
+    top_ps = [_TOP_P_OFF if g or p.top_p >= 1.0 else p.top_p for p, g in rows]
+    if any(k < vocab_size for k in ks):
+        columns["top_k"] = [float(k) for k in ks]  # exact: float32 holds integers up to 2**24
+    if any(top_p < 1.0 for top_p in top_ps):
+        columns["top_p"] = top_ps
+    if any(p.min_p > 0.0 and not g for p, g in rows):
+        columns["min_p"] = [p.min_p for p in params]
+    # A row with top-k finds its survivors among its k best tokens. A top-p row without top-k
+    # almost always reaches its mass within the best _TOP_P_PROBE tokens, so try those first.
+    top_k_max = max((k for k in ks if k < vocab_size), default=0)
+    unbounded = any(k >= vocab_size and top_p < 1.0 for k, top_p in zip(ks, top_ps, strict=True))
+    candidates = min(max(top_k_max, _TOP_P_PROBE if unbounded else 0), vocab_size)
+    return columns, candidates, unbounded and candidates < vocab_size
+
+
+def _penalty_columns(pen_params: list[SamplingParams]) -> dict[str, list[float]]:
+    columns = {}
+    if any(p.repetition_penalty != 1.0 for p in pen_params):
+        columns["repetition_penalty"] = [p.repetition_penalty for p in pen_params]
+    if any(p.frequency_penalty != 0.0 for p in pen_params):
+        columns["frequency_penalty"] = [p.frequency_penalty for p in pen_params]
+    if any(p.presence_penalty != 0.0 for p in pen_params):
+        columns["presence_penalty"] = [p.presence_penalty for p in pen_params]
+    return columns
+
+
+def _token_tables(
+    pen_params: list[SamplingParams],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    vocab_size: int,
+    device: torch.device,
+) -> tuple[Tensor | None, Tensor | None]:
+    """[P, V] output token counts, and the prompt-token mask when a row has repetition penalty."""
+    if not pen_params:
+        return None, None
+    shape = (len(pen_params), vocab_size)
+    counts = torch.zeros(shape, dtype=torch.float32, device=device)
+    counts.index_put_(_row_col(outputs, device), _ones(outputs, device), accumulate=True)
+    if all(p.repetition_penalty == 1.0 for p in pen_params):
+        return counts, None
+    prompts = [
+        prompt if p.repetition_penalty != 1.0 else []
+        for p, prompt in zip(pen_params, prompts, strict=True)
+    ]
+    prompt_mask = torch.zeros(shape, dtype=torch.bool, device=device)
+    prompt_mask[_row_col(prompts, device)] = True
+    return counts, prompt_mask
 
 
 class Sampler:
@@ -247,7 +286,7 @@ class Sampler:
         assert batch.temperature is not None
         scaled = logits / batch.temperature.unsqueeze(1)  # a fresh tensor: safe to edit in place
         if batch.top_k is not None or batch.top_p is not None:
-            _mask_top_k_top_p(scaled, batch.top_k, batch.top_p)
+            _mask_top_k_top_p(scaled, batch)
         probs = scaled.softmax(-1)
         if batch.min_p is not None:
             # Unnormalised probabilities are fine: argmax(c * p / q) == argmax(p / q).
@@ -259,10 +298,15 @@ class Sampler:
         return tokens
 
     def _exponential_noise(self, probs: Tensor, batch: SamplingBatch) -> Tensor:
-        q = torch.empty_like(probs)
+        """Exp(1) draws as -log(U): on CPU several times faster than exponential_().
+
+        U lies in [0, 1), so q lies in (0, inf]: no division by zero, and a zero probability
+        gives 0 / q = 0, never the NaN that argmax would pick.
+        """
+        u = torch.empty_like(probs)
         device = probs.device
         if batch.shared_noise:
-            q.exponential_(generator=self._generator(device))
+            u.uniform_(generator=self._generator(device))
         if batch.seeded_rows:
             gen = self._seeded.get(device)
             if gen is None:
@@ -271,9 +315,8 @@ class Sampler:
                 seed = batch.seeds[row]
                 assert seed is not None
                 gen.manual_seed(_mix_seed(seed, batch.positions[row]))
-                q[row].exponential_(generator=gen)
-        # A zero draw would turn a zero probability into 0/0 = NaN, which argmax would pick.
-        return q.clamp_min_(torch.finfo(q.dtype).tiny)
+                u[row].uniform_(generator=gen)
+        return u.log_().neg_()
 
     def _generator(self, device: torch.device) -> torch.Generator:
         gen = self._generators.get(device)
@@ -322,18 +365,50 @@ def logprobs_to_dicts(output: SamplerOutput, batch: SamplingBatch) -> list[dict[
     return result
 
 
-def _mask_top_k_top_p(logits: Tensor, top_k: Tensor | None, top_p: Tensor | None) -> None:
-    """Set tokens outside each row's top-k / top-p set to -inf, in place, with one sort."""
-    # Stable, so equal logits keep id order and a row's result never depends on its batch.
-    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+def _mask_top_k_top_p(logits: Tensor, batch: SamplingBatch) -> None:
+    """Set tokens outside each row's top-k and top-p sets to -inf, in place.
+
+    Both filters work on one list of each row's best `batch.candidates` tokens, descending (a
+    topk, far cheaper than sorting the vocabulary). A top-p row without top-k whose mass is not
+    reached inside that list makes the list the whole vocabulary, sorted. Both filters cut by
+    value, so tokens tied with the last survivor survive too: the result never depends on how
+    ties are ordered, hence never on the list's length or on which rows share the batch.
+    """
+    top_k, top_p, vocab_size = batch.top_k, batch.top_p, logits.shape[-1]
+    values, ids = _best(logits, batch.candidates)
+    neg_inf = float("-inf")
     if top_k is not None:
-        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
-        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
-    if top_p is not None:
-        probs = sorted_logits.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs  # exactly 0 for the top token: it always stays
-        sorted_logits.masked_fill_(mass_before >= top_p.unsqueeze(1), float("-inf"))
-    logits.scatter_(1, order, sorted_logits)
+        kth = values.gather(1, (top_k.clamp(max=values.shape[1]) - 1).unsqueeze(1))
+        kth.masked_fill_((top_k >= vocab_size).unsqueeze(1), neg_inf)
+        logits.masked_fill_(logits < kth, neg_inf)
+        values = values.masked_fill(values < kth, neg_inf)
+    if top_p is None:
+        return
+    # Normalised over the whole row (the top-k survivors), not just over the list.
+    probs = logits.softmax(-1)
+    kept = _top_p_kept(probs, ids, top_p)
+    # Only rows with top-p on can run off the end (on a host sync, paid only when probing).
+    if batch.top_p_probe and bool(((kept == values.shape[1]) & (top_p <= 1.0)).any()):
+        values, ids = _best(logits, vocab_size)
+        kept = _top_p_kept(probs, ids, top_p)
+    cutoff = values.gather(1, kept.unsqueeze(1) - 1)
+    cutoff.masked_fill_((top_p > 1.0).unsqueeze(1), neg_inf)
+    logits.masked_fill_(logits < cutoff, neg_inf)
+
+
+def _best(logits: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    if count < logits.shape[-1]:
+        return logits.topk(count, dim=-1)
+    return logits.sort(dim=-1, descending=True)
+
+
+def _top_p_kept(probs: Tensor, ids: Tensor, top_p: Tensor) -> Tensor:
+    """[B] length of each row's top-p prefix of `ids` (the list's length if it falls short)."""
+    listed = probs.gather(1, ids)
+    # Exclusive prefix sums of non-negative terms never decrease, so the kept entries form a
+    # prefix; the first is exactly 0 < top_p, so the top token always stays.
+    mass_before = torch.nn.functional.pad(listed.cumsum(-1)[:, :-1], (1, 0))
+    return (mass_before < top_p.unsqueeze(1)).sum(-1)
 
 
 def _min_tokens_block(params: SamplingParams) -> list[int]:

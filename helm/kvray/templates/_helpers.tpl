@@ -36,6 +36,23 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/*
+Ray pod labels. Not app.kubernetes.io/name: KubeRay sets it to "kuberay" on every Ray pod and
+its head Service selects on it (with app.kubernetes.io/created-by and the ray.io/* labels),
+so a pod template overriding it would cut the workers off from the head.
+*/}}
+{{- define "kvray.podSelectorLabels" -}}
+app.kubernetes.io/part-of: {{ include "kvray.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kvray.podLabels" -}}
+helm.sh/chart: {{ include "kvray.chart" . }}
+{{ include "kvray.podSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
 {{- define "kvray.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}

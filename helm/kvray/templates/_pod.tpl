@@ -8,11 +8,12 @@ Call with (dict "root" $ "role" "head"|"worker").
 {{- $isHead := eq .role "head" }}
 {{- $group := ternary $v.head $v.worker $isHead }}
 {{- $gpu := and (not $isHead) (eq $v.engine.device "cuda") }}
-{{- /* Only engine pods read the checkpoint; the head never loads the model. */}}
-{{- $vol := ternary (dict "type" "none") $v.model.volume $isHead -}}
+{{- /* Every pod mounts the checkpoint: engine pods load the weights, and the ingresses load
+the tokenizer (the gRPC one is pinned to the head; the HTTP one takes no CPU and may run there). */}}
+{{- $vol := $v.model.volume -}}
 metadata:
   labels:
-    {{- include "kvray.labels" $root | nindent 4 }}
+    {{- include "kvray.podLabels" $root | nindent 4 }}
     app.kubernetes.io/component: {{ ternary "head" "engine" $isHead }}
     {{- with $group.labels }}
     {{- toYaml . | nindent 4 }}
@@ -58,8 +59,11 @@ spec:
         {{- end }}
         - name: serve
           containerPort: {{ $v.serve.httpPort }}
+        {{- if $isHead }}
+        # The gRPC ingress is pinned to the head (cluster/grpc_api.py).
         - name: grpc
           containerPort: {{ $v.serve.grpcPort }}
+        {{- end }}
         - name: metrics
           containerPort: {{ $v.ray.metricsPort }}
       {{- $secret := include "kvray.apiKeySecretName" $root }}
@@ -97,8 +101,9 @@ spec:
       {{- if and (not $isHead) $v.probes.enabled }}
       {{- $p := $v.probes }}
       startupProbe:
-        grpc:
-          port: {{ $v.serve.grpcPort }}
+        httpGet:
+          path: {{ $p.startup.path }}
+          port: serve
         periodSeconds: {{ $p.startup.periodSeconds }}
         failureThreshold: {{ $p.startup.failureThreshold }}
       livenessProbe:

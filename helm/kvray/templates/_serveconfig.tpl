@@ -15,6 +15,7 @@ the application's own defaults apply.
   "max_ongoing_requests" (int64 $s.maxOngoingRequests)
   "max_queued_requests" (int64 $s.maxQueuedRequests)
   "ingress_replicas" (int64 $s.ingressReplicas)
+  "request_router" $s.requestRouter
   "grpc_max_message_bytes" (int64 $s.grpcMaxMessageBytes)
   "api_key_env" .Values.apiKey.envName
 }}
@@ -33,6 +34,10 @@ the application's own defaults apply.
 {{- toYaml $args }}
 {{- end }}
 
+{{/*
+grpc_options: kvray's gRPC ingress (cluster/grpc_api.py) binds grpc_options.port on the head
+itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
+*/}}
 {{- define "kvray.serveConfig" -}}
 {{- $s := .Values.serve }}
 {{- $app := dict
@@ -44,7 +49,7 @@ the application's own defaults apply.
 {{- $cfg := dict
   "proxy_location" "EveryNode"
   "http_options" (dict "host" "0.0.0.0" "port" (int64 $s.httpPort))
-  "grpc_options" (dict "port" (int64 $s.grpcPort) "grpc_servicer_functions" $s.grpcServicerFunctions)
+  "grpc_options" (dict "port" (int64 $s.grpcPort) "grpc_servicer_functions" list)
   "applications" (list $app)
 }}
 {{- toYaml $cfg }}

@@ -159,6 +159,43 @@ def test_seeded_rows_follow_the_target_distribution() -> None:
     assert_fits(draw_counts(params), expected)
 
 
+def test_rows_with_and_without_filters_share_a_batch() -> None:
+    # The filtered rows make the sampler look only at their 3 best tokens; the plain rows in
+    # the same batch must still draw from the whole vocabulary.
+    half = FIT_SAMPLES // 2
+    params = [SamplingParams(top_k=3, top_p=0.8)] * half + [SamplingParams()] * half
+    logits = torch.from_numpy(FIT_LOGITS).expand(2 * half, -1).contiguous()
+    tokens = sample(logits, params, seed=13).token_ids.numpy()
+    filtered = target_distribution(FIT_LOGITS, 1.0, 3, 0.8, 0.0)
+    plain = target_distribution(FIT_LOGITS, 1.0, -1, 1.0, 0.0)
+    assert_fits(np.bincount(tokens[:half], minlength=len(FIT_LOGITS)), filtered)
+    assert_fits(np.bincount(tokens[half:], minlength=len(FIT_LOGITS)), plain)
+
+
+@pytest.mark.parametrize("options", [dict(top_k=2), dict(top_p=0.45)], ids=["top_k", "top_p"])
+def test_tokens_tied_with_the_last_survivor_survive(options: dict[str, float]) -> None:
+    # Both filters cut by value, so a tie is never split by however a sort orders it (which
+    # could differ with the batch). Here either cut falls inside the group of three 1.0s.
+    logits = torch.tensor([2.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]).expand(4000, -1).contiguous()
+    counts = np.bincount(
+        sample(logits, [SamplingParams(**options)] * 4000, seed=4).token_ids.numpy(), minlength=8
+    )
+    p = np.exp([2.0, 1.0, 1.0, 1.0]) / np.exp([2.0, 1.0, 1.0, 1.0]).sum()
+    assert_fits(counts, np.concatenate([p, np.zeros(4)]))
+
+
+def test_one_seed_across_positions_follows_the_target_distribution() -> None:
+    # One seeded request's successive tokens (position = tokens generated so far) must be fresh
+    # draws, not one draw repeated; the tokens themselves are irrelevant to unpenalised rows.
+    positions = 2000
+    expected = target_distribution(FIT_LOGITS, 1.0, -1, 1.0, 0.0)
+    logits = torch.from_numpy(FIT_LOGITS).expand(positions, -1).contiguous()
+    params = [SamplingParams(temperature=1.0, seed=77)] * positions
+    outputs = [[0] * n for n in range(positions)]
+    tokens = Sampler(0)(logits, build(params, len(FIT_LOGITS), outputs=outputs)).token_ids
+    assert_fits(np.bincount(tokens.numpy(), minlength=len(FIT_LOGITS)), expected)
+
+
 def test_chi_square_check_rejects_a_wrong_distribution() -> None:
     # Guards the guard: samples at temperature 0.7 must not pass as temperature 1.0.
     counts = draw_counts([SamplingParams(temperature=0.7)] * FIT_SAMPLES, seed=5)
@@ -252,27 +289,33 @@ def run_steps(
     return produced
 
 
-def test_seeded_row_ignores_batch_composition_and_preemption() -> None:
+SEEDED_TARGETS = {
+    "top_p_and_penalty": dict(temperature=1.0, top_p=0.95, repetition_penalty=1.1),
+    "top_k_top_p_min_p": dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02),
+}
+
+
+@pytest.mark.parametrize("target_name", list(SEEDED_TARGETS))
+def test_seeded_row_ignores_batch_composition_and_preemption(target_name: str) -> None:
     vocab, steps = 500, 12
     gen = torch.Generator().manual_seed(8)
-    target_logits = [torch.randn(vocab, generator=gen) * 0.5 for _ in range(steps)]
-    target = SamplingParams(temperature=1.0, top_p=0.95, repetition_penalty=1.1, seed=1234)
+    # Logits rounded to 0.1 are full of ties, as low-precision models produce: which tied
+    # tokens survive top-k/top-p must not depend on the batch either.
+    target_logits = [(torch.randn(vocab, generator=gen) * 5).round() / 10 for _ in range(steps)]
+    options = SEEDED_TARGETS[target_name]
+    target = SamplingParams(seed=1234, **options)
 
     alone = run_steps(Sampler(0), [target], 0, target_logits, 0, steps, [])
 
-    others = []
-    for i in range(32):
-        kind = i % 6
-        others.append(
-            [
-                SamplingParams(temperature=0.8, seed=i),
-                SamplingParams(temperature=1.0),
-                SamplingParams(temperature=0.0),
-                SamplingParams(top_k=5, min_p=0.1, seed=i),
-                SamplingParams(top_p=0.5, presence_penalty=1.0, logprobs=3),
-                SamplingParams(temperature=1.2, frequency_penalty=0.5, min_tokens=4),
-            ][kind]
-        )
+    kinds = [
+        SamplingParams(temperature=0.8, seed=7),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=5, min_p=0.1, seed=9),
+        SamplingParams(top_p=0.5, presence_penalty=1.0, logprobs=3),  # forces a full sort
+        SamplingParams(temperature=1.2, frequency_penalty=0.5, min_tokens=4),
+    ]
+    others = [kinds[i % len(kinds)] for i in range(32)]
     rows = others[:17] + [target] + others[17:]
     in_batch = run_steps(Sampler(99), rows, 17, target_logits, 0, steps, [])
     assert in_batch == alone
@@ -282,7 +325,7 @@ def test_seeded_row_ignores_batch_composition_and_preemption() -> None:
     resumed = run_steps(Sampler(5), rows, 0, target_logits, 6, steps - 6, alone[:6])
     assert resumed == alone[6:]
 
-    other_seed = SamplingParams(temperature=1.0, top_p=0.95, repetition_penalty=1.1, seed=1235)
+    other_seed = SamplingParams(seed=1235, **options)
     assert run_steps(Sampler(0), [other_seed], 0, target_logits, 0, steps, []) != alone
 
 

@@ -1,0 +1,97 @@
+"""build_app: the kvray Serve application from a ServeConfig (the only place that binds).
+
+Usable as a Serve config `import_path: cluster.app:build_app` with `args:` = ServeConfig
+fields. Pure: validates, builds deployment options and binds; starts nothing.
+
+    OpenAIIngress (HTTP, route "/")  ──handle──▶  LLMServer × N  (prefix-affinity router)
+    GrpcIngress (own gRPC server)    ──handle──▶  (the same LLMServer deployment)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from cluster.config import ServeConfig
+from cluster.llm_server import LLMServer
+from cluster.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
+
+LLM_SERVER_NAME = "LLMServer"
+INGRESS_NAME = "OpenAIIngress"
+# An ingress replica only parses, tokenizes and relays; it must never be the bottleneck that
+# queues requests in front of the engines (Ray Serve's default cap is 5).
+INGRESS_MAX_ONGOING_REQUESTS = 4096
+# A replica must not take longer than this to drain on shutdown or redeploy.
+GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def build_app(args: Mapping[str, Any] | ServeConfig | None = None) -> serve.Application:
+    """The application: OpenAIIngress and GrpcIngress bound to one LLMServer deployment."""
+    from cluster.grpc_api import bind_grpc_ingress
+    from cluster.openai_api import OpenAIIngress
+
+    config = args if isinstance(args, ServeConfig) else ServeConfig.from_args(args)
+    llm = serve.deployment(LLMServer, **llm_server_options(config)).bind(config)
+    # The gRPC ingress runs its own server; binding it into the HTTP ingress's arguments is
+    # what makes Serve deploy it as part of this application.
+    grpc = bind_grpc_ingress(config, llm)
+    ingress = serve.deployment(OpenAIIngress, **ingress_options(config))
+    return ingress.bind(config, llm, grpc)
+
+
+def uses_gpu(config: ServeConfig) -> bool:
+    """device auto: GPUs when the Ray cluster has any (set `device: cuda` for GPU nodes that
+    an autoscaler has not started yet)."""
+    if config.device != "auto":
+        return config.device == "cuda"
+    import ray
+
+    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+
+
+def llm_server_options(config: ServeConfig) -> dict[str, Any]:
+    """Deployment options of LLMServer: replicas, TP placement group, router, health."""
+    gpu = uses_gpu(config)
+    # One bundle per TP rank, packed on one node; the replica actor itself sits in bundle 0
+    # (it runs rank 0), so its own resources must fit that bundle.
+    bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    if config.request_router == "prefix_affinity":
+        router = RequestRouterConfig(
+            request_router_class=ROUTER_CLASS_PATH,
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        )
+    else:  # Serve's default power-of-two-choices; stats still feed dashboards and benches
+        router = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)
+    opts: dict[str, Any] = {
+        "name": LLM_SERVER_NAME,
+        "max_ongoing_requests": config.max_ongoing_requests,
+        # Bounds the queue in each caller's router too (requests waiting for a replica slot).
+        "max_queued_requests": config.max_queued_requests,
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": 1 if gpu else 0},
+        "placement_group_bundles": [dict(bundle) for _ in range(config.tensor_parallel_size)],
+        "placement_group_strategy": "STRICT_PACK",
+        "request_router_config": router,
+        "health_check_period_s": 5.0,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    }
+    autoscaling = config.autoscaling_config()
+    if autoscaling is not None:
+        opts["autoscaling_config"] = autoscaling
+    else:
+        opts["num_replicas"] = config.num_replicas
+    return opts
+
+
+def ingress_options(config: ServeConfig) -> dict[str, Any]:
+    return {
+        "name": INGRESS_NAME,
+        "num_replicas": config.ingress_replicas,
+        "max_ongoing_requests": INGRESS_MAX_ONGOING_REQUESTS,
+        # Light work (parsing, tokenizing): do not hold a CPU a replica could use.
+        "ray_actor_options": {"num_cpus": 0},
+        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    }

@@ -1,0 +1,86 @@
+"""Helpers for the cluster tests: free ports, deploying apps, clients, replica stats."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+API_KEY_ENV = "KVRAY_TEST_API_KEY"
+API_KEY = "test-key-5f2c"
+# A small KV cache per replica: plenty for the tests, little memory for 4-6 replicas.
+KV_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ServePorts:
+    http: int
+    grpc: int
+
+
+@dataclass(frozen=True)
+class App:
+    name: str
+    base_url: str  # http://127.0.0.1:PORT/PREFIX (OpenAI base_url = base_url + "/v1")
+    model: str
+    api_key: str | None
+
+    def handle(self, deployment: str = "LLMServer") -> Any:
+        from ray import serve
+
+        return serve.get_deployment_handle(deployment, app_name=self.name)
+
+
+def deploy(name: str, prefix: str, config: Any, ports: ServePorts, api_key: str | None) -> App:
+    from ray import serve
+
+    from cluster.app import build_app
+
+    serve.run(build_app(config), name=name, route_prefix=prefix)
+    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), api_key)
+
+
+def openai_client(app: App, api_key: str | None = None) -> Any:
+    import openai
+
+    return openai.OpenAI(
+        base_url=f"{app.base_url}/v1",
+        api_key=api_key or app.api_key or "unused",
+        max_retries=0,
+        timeout=120,
+    )
+
+
+def replica_stats(app: App, expect_replicas: int, calls: int = 40) -> dict[str, dict[str, Any]]:
+    """Each LLMServer replica's stats, by replica id (requests spread over all replicas)."""
+    handle = app.handle()
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(calls):
+        s = handle.replica_stats.remote().result()
+        seen[s["replica"]] = s
+        if len(seen) >= expect_replicas:
+            break
+    return seen
+
+
+def wait_until_idle(app: App, replicas: int, timeout_s: float = 60.0) -> dict[str, dict[str, Any]]:
+    """Polls until every replica reports no requests and no KV blocks in use (hang guard)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = replica_stats(app, replicas)
+        idle = len(stats) >= replicas and all(
+            s["num_requests_running"] == 0
+            and s["num_requests_waiting"] == 0
+            and s["kv_blocks_used"] == 0
+            for s in stats.values()
+        )
+        if idle or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)

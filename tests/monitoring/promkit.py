@@ -1,0 +1,228 @@
+"""Helpers shared by the metrics and monitoring tests: scraping Ray's exporter, promtool."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MONITORING = REPO / "monitoring"
+RULES_DIR = MONITORING / "prometheus" / "rules"
+DASHBOARD = MONITORING / "grafana" / "kvray-dashboard.json"
+DESIGN = REPO.parent / "shared" / "DESIGN.md"
+
+# DESIGN.md's metrics table: name -> Prometheus type. Ray's exporter adds the `ray_` prefix.
+KVRAY_METRICS: dict[str, str] = {
+    "kvray_num_requests_running": "gauge",
+    "kvray_num_requests_waiting": "gauge",
+    "kvray_kv_cache_usage_ratio": "gauge",
+    "kvray_kv_cache_blocks": "gauge",
+    "kvray_num_preemptions_total": "counter",
+    "kvray_prompt_tokens_total": "counter",
+    "kvray_generation_tokens_total": "counter",
+    "kvray_prefix_cache_queries_total": "counter",
+    "kvray_prefix_cache_hits_total": "counter",
+    "kvray_request_success_total": "counter",
+    "kvray_time_to_first_token_seconds": "histogram",
+    "kvray_inter_token_latency_seconds": "histogram",
+    "kvray_e2e_request_latency_seconds": "histogram",
+    "kvray_request_queue_time_seconds": "histogram",
+    "kvray_request_prompt_tokens": "histogram",
+    "kvray_request_generation_tokens": "histogram",
+    "kvray_iteration_tokens": "histogram",
+    "kvray_router_requests_total": "counter",
+    "kvray_router_routing_total": "counter",
+    "kvray_router_rejected_total": "counter",
+}
+ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if not n.startswith("kvray_router_")}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One scrape of a Prometheus text endpoint."""
+
+    text: str
+    types: dict[str, str]  # `# TYPE` lines: family name -> type
+    samples: list[Sample]
+
+    def find(self, name: str, **labels: str) -> list[Sample]:
+        return [
+            s
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """Sum over the matching series (Ray adds per-process labels); None when absent."""
+        found = self.find(name, **labels)
+        return sum(s.value for s in found) if found else None
+
+    def names(self) -> set[str]:
+        return {s.name for s in self.samples}
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse(text: str) -> Scrape:
+    types: dict[str, str] = {}
+    samples: list[Sample] = []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(maxsplit=3)
+            types[name] = kind.strip()
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            raise ValueError(f"unparseable exposition line: {line!r}")
+        labels = dict(_LABEL.findall(m.group(3) or ""))
+        samples.append(Sample(m.group(1), labels, float(m.group(4))))
+    return Scrape(text, types, samples)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(url: str) -> Scrape:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return parse(resp.read().decode())
+
+
+def wait_for(
+    produce: Callable[[], T], ok: Callable[[T], bool], what: str, timeout_s: float = 90.0
+) -> T:
+    """Poll `produce` until `ok` holds. The bound only stops a broken run from hanging: Ray
+    publishes on its export interval, so the wait itself is expected and never asserted on."""
+    deadline = time.monotonic() + timeout_s
+    last = produce()
+    while not ok(last):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}; last value: {last!r}"[:4000])
+        time.sleep(0.5)
+        last = produce()
+    return last
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool missing: run monitoring/install_prometheus.sh")
+    return path
+
+
+def run_promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool(), *args], input=stdin, capture_output=True, text=True, timeout=120
+    )
+
+
+# Labels Ray's exporter adds to every series. Their CamelCase spelling is Ray's choice, so the
+# naming lint of kvray's metrics leaves them out.
+RAY_LABELS = ("Component", "NodeAddress", "SessionName", "Version", "WorkerId")
+_RAY_LABEL = re.compile(r"(?<=[{,])(?:" + "|".join(RAY_LABELS) + r')="(?:[^"\\]|\\.)*",?')
+
+
+def kvray_exposition(text: str) -> str:
+    """Only the ray_kvray_* families of an exposition (HELP, TYPE, samples), less Ray's
+    CamelCase labels."""
+    keep: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(maxsplit=3)
+            if len(parts) >= 3 and parts[2].startswith("ray_kvray_"):
+                keep.append(line)
+        elif line.startswith("ray_kvray_"):
+            keep.append(_RAY_LABEL.sub("", line).replace(",}", "}"))
+    return "\n".join(keep) + "\n"
+
+
+def design_metrics() -> dict[str, str] | None:
+    """The metrics table of ../shared/DESIGN.md (name -> type), None when it is not there."""
+    if not DESIGN.exists():
+        return None
+    table: dict[str, str] = {}
+    for line in DESIGN.read_text().splitlines():
+        m = re.match(r"^(kvray_[a-z0-9_]+)\s+(gauge|counter|histogram)\b", line)
+        if m:
+            table[m.group(1)] = m.group(2)
+    return table
+
+
+# Values for the dashboard's template variables when its queries run outside Grafana.
+DASHBOARD_VARIABLES: dict[str, str] = {
+    "__rate_interval": "1m",
+    "model": ".*",
+    "replica": ".*",
+    "peak_tokens_per_replica": "500",
+    "target_tokens_per_s": "2000",
+    "serve_deployment": "LLMServer",
+}
+
+
+def load_dashboard() -> dict:
+    import json
+
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_queries(
+    dashboard: dict, variables: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """(panel title, PromQL with template variables substituted) for every panel target."""
+    values = {**DASHBOARD_VARIABLES, **(variables or {})}
+
+    def substitute(expr: str) -> str:
+        # Longest names first so $model never eats part of a longer variable name.
+        for name in sorted(values, key=len, reverse=True):
+            expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+        if "$" in expr:
+            raise AssertionError(f"unknown template variable left in {expr!r}")
+        return expr
+
+    return [
+        (panel["title"], substitute(target["expr"]))
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def rule_expressions() -> list[tuple[str, str]]:
+    """(rule name, expr) of every recording and alert rule shipped."""
+    import yaml
+
+    out: list[tuple[str, str]] = []
+    for path in sorted(RULES_DIR.glob("*.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                out.append((rule.get("record") or rule["alert"], rule["expr"]))
+    return out
+
+
+def referenced_metric_names(exprs: list[str]) -> set[str]:
+    """Scraped metric names (ray_...) used by PromQL expressions."""
+    return {m for e in exprs for m in re.findall(r"\bray_[a-zA-Z0-9_]+", e)}

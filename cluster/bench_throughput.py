@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import os
 import time
 import traceback
@@ -257,27 +256,26 @@ def _run_kvray(r: _Run, *, prefix_caching: bool, name: str) -> BenchResult:
     llm = LLM(**kwargs)
     try:
         _kvray_generate(llm, r.warmup, progress=False)
-        before = _kvray_stats(llm)
+        before = llm.stats()
         start = time.perf_counter()
         outputs = _kvray_generate(llm, r.workload, progress=True)
         elapsed = time.perf_counter() - start
-        after = _kvray_stats(llm)
+        after = llm.stats()
     finally:
-        _kvray_shutdown(llm)
+        llm.engine.shutdown()  # frees the KV cache (and TP workers) before the next backend
         del llm
 
     generated = [len(o.outputs[0].token_ids) for o in outputs]
     notes = _length_notes(r.workload, generated)
-    cached = sum(getattr(o, "num_cached_tokens", 0) or 0 for o in outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
     extra: dict[str, Any] = {
         "prefix_caching": prefix_caching,
         "cached_prompt_tokens": cached,
         "prefill_tokens_computed": r.workload.prompt_tokens - cached,
     }
-    if before is not None and after is not None:
-        for field in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_steps"):
-            if hasattr(after, field):
-                extra[field] = getattr(after, field) - getattr(before, field)
+    # Counters are cumulative: the difference is what the measured run did.
+    for field in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_steps"):
+        extra[field] = getattr(after, field) - getattr(before, field)
     notes.append(
         f"prefill tokens computed: {extra['prefill_tokens_computed']} of "
         f"{r.workload.prompt_tokens} ({cached} from the prefix cache)"
@@ -301,28 +299,7 @@ def _kvray_generate(llm: Any, workload: Workload, *, progress: bool) -> list[Any
         SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
         for req in workload.requests
     ]
-    kwargs: dict[str, Any] = {}
-    if "use_tqdm" in inspect.signature(llm.generate).parameters:
-        kwargs["use_tqdm"] = progress
-    return list(llm.generate(prompts, params, **kwargs))
-
-
-def _kvray_shutdown(llm: Any) -> None:
-    """Stop the engine (and its Ray workers when tensor-parallel) before the next backend."""
-    for owner in (llm, getattr(llm, "engine", None)):
-        shutdown = getattr(owner, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-            return
-
-
-def _kvray_stats(llm: Any) -> Any:
-    """EngineStats from the LLM, wherever it exposes them (None when it does not)."""
-    for owner in (llm, getattr(llm, "llm_engine", None), getattr(llm, "engine", None)):
-        stats = getattr(owner, "stats", None)
-        if callable(stats):
-            return stats()
-    return None
+    return llm.generate(prompts, params, use_tqdm=progress)
 
 
 def _length_notes(workload: Workload, generated: list[int]) -> list[str]:

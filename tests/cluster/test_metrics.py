@@ -48,6 +48,8 @@ class MetricsHost:
 def metrics_url() -> Any:
     port = free_port()
     ray.init(
+        # "local": a new instance even when someone's `ray start` cluster runs on this host.
+        address="local",
         include_dashboard=False,
         num_cpus=1,
         _metrics_export_port=port,

@@ -283,15 +283,7 @@ class Sampler:
         return SamplerOutput(tokens, values, ids)
 
     def _sample(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
-        assert batch.temperature is not None
-        scaled = logits / batch.temperature.unsqueeze(1)  # a fresh tensor: safe to edit in place
-        if batch.top_k is not None or batch.top_p is not None:
-            _mask_top_k_top_p(scaled, batch)
-        probs = scaled.softmax(-1)
-        if batch.min_p is not None:
-            # Unnormalised probabilities are fine: argmax(c * p / q) == argmax(p / q).
-            floor = probs.amax(-1, keepdim=True) * batch.min_p.unsqueeze(1)
-            probs.masked_fill_(probs < floor, 0.0)
+        probs = apply_filters(logits, batch).softmax(-1)
         tokens = probs.div_(self._exponential_noise(probs, batch)).argmax(-1)
         if batch.greedy is not None:
             tokens = torch.where(batch.greedy, logits.argmax(-1), tokens)
@@ -303,6 +295,7 @@ class Sampler:
         U lies in [0, 1), so q lies in (0, inf]: no division by zero, and a zero probability
         gives 0 / q = 0, never the NaN that argmax would pick.
         """
+        # Rows drawn by neither branch (greedy ones) keep garbage: their argmax replaces them.
         u = torch.empty_like(probs)
         device = probs.device
         if batch.shared_noise:
@@ -346,6 +339,19 @@ def apply_penalties(logits: Tensor, batch: SamplingBatch) -> Tensor:
     if rows is None:
         return sub
     return logits.index_copy(0, rows, sub)
+
+
+def apply_filters(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    """Temperature, then top-k, top-p and min-p as -inf; a new tensor (greedy rows: unfiltered)."""
+    assert batch.temperature is not None, "all-greedy batches have nothing to filter"
+    scaled = logits / batch.temperature.unsqueeze(1)  # a fresh tensor: safe to edit in place
+    if batch.top_k is not None or batch.top_p is not None:
+        _mask_top_k_top_p(scaled, batch)
+    if batch.min_p is not None:
+        # p < min_p * p_max  <=>  z < z_max + log(min_p); min_p = 0 gives -inf: nothing dropped.
+        floor = scaled.amax(-1, keepdim=True) + batch.min_p.log().unsqueeze(1)
+        scaled.masked_fill_(scaled < floor, float("-inf"))
+    return scaled
 
 
 def logprobs_to_dicts(output: SamplerOutput, batch: SamplingBatch) -> list[dict[int, float] | None]:

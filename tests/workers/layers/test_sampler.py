@@ -12,6 +12,7 @@ from workers.layers.sampler import (
     Sampler,
     SamplerOutput,
     SamplingBatch,
+    apply_filters,
     apply_penalties,
     logprobs_to_dicts,
 )
@@ -50,12 +51,16 @@ def sample(
     )
 
 
-def target_distribution(
-    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+def reference_keep(
+    z: np.ndarray, top_k: int, top_p: float, min_p: float, margin: float = 1e-3
 ) -> np.ndarray:
-    """The distribution the sampler must draw from, in float64, with each rule's margin checked
-    so that float32 rounding in the sampler cannot flip a token in or out of the support."""
-    z = logits.astype(np.float64) / temperature
+    """Which tokens of temperature-scaled logits `z` survive top-k, top-p and min-p, in float64.
+
+    Cuts are by value (a tie with the last survivor survives), so top-p keeps whole groups of
+    equal logits. Each rule's margin is checked so that float32 rounding in the sampler cannot
+    flip a token in or out.
+    """
+    z = z.astype(np.float64)
     keep = np.ones(z.shape, dtype=bool)
     if top_k > 0:
         keep &= z >= np.sort(z)[::-1][top_k - 1]
@@ -66,16 +71,27 @@ def target_distribution(
 
     if top_p < 1.0:
         p = renormalised()
-        order = np.argsort(-p, kind="stable")
-        mass_before = np.cumsum(p[order]) - p[order]
-        assert np.min(np.abs(mass_before - top_p)) > 1e-3, "top_p too close to a boundary"
-        keep[order[mass_before >= top_p]] = False
+        groups = np.unique(z[keep])[::-1]  # distinct surviving logits, descending
+        group_mass = np.array([p[z == v].sum() for v in groups])
+        mass_before = np.cumsum(group_mass) - group_mass
+        assert np.min(np.abs(mass_before - top_p)) > margin, "top_p too close to a boundary"
+        keep &= z >= groups[mass_before < top_p].min()
     if min_p > 0.0:
         p = renormalised()
         floor = min_p * p.max()
-        assert np.min(np.abs(p[keep] - floor)) > 1e-4, "min_p too close to a boundary"
+        assert np.min(np.abs(p[keep] - floor)) > margin / 10, "min_p too close to a boundary"
         keep &= p >= floor
-    return renormalised()
+    return keep
+
+
+def target_distribution(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> np.ndarray:
+    """The distribution the sampler must draw from, in float64."""
+    z = logits.astype(np.float64) / temperature
+    keep = reference_keep(z, top_k, top_p, min_p)
+    p = np.where(keep, np.exp(z - z.max()), 0.0)
+    return p / p.sum()
 
 
 def draw_counts(params: list[SamplingParams], seed: int = 0) -> np.ndarray:
@@ -176,12 +192,42 @@ def test_rows_with_and_without_filters_share_a_batch() -> None:
 def test_tokens_tied_with_the_last_survivor_survive(options: dict[str, float]) -> None:
     # Both filters cut by value, so a tie is never split by however a sort orders it (which
     # could differ with the batch). Here either cut falls inside the group of three 1.0s.
-    logits = torch.tensor([2.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]).expand(4000, -1).contiguous()
+    raw = np.array([2.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], dtype=np.float32)
+    logits = torch.from_numpy(raw).expand(4000, -1).contiguous()
     counts = np.bincount(
         sample(logits, [SamplingParams(**options)] * 4000, seed=4).token_ids.numpy(), minlength=8
     )
-    p = np.exp([2.0, 1.0, 1.0, 1.0]) / np.exp([2.0, 1.0, 1.0, 1.0]).sum()
-    assert_fits(counts, np.concatenate([p, np.zeros(4)]))
+    expected = target_distribution(raw, 1.0, options.get("top_k", -1), options.get("top_p", 1), 0)
+    assert (expected[1:4] > 0).all() and (expected[4:] == 0).all()
+    assert_fits(counts, expected)
+
+
+def test_filters_on_a_large_vocabulary_match_the_reference() -> None:
+    # Beyond _TOP_P_PROBE tokens, a top-p row without top-k first looks at the best 1024 only:
+    # row 0 (peaked) finds its mass there, row 1 (flat) does not and needs the full sort.
+    vocab = 3000
+    gen = torch.Generator().manual_seed(14)
+    levels = torch.randint(0, 40, (5, vocab), generator=gen).float()
+    logits = torch.stack(
+        [levels[0] / 4, levels[1] / 100, levels[2] / 8, levels[3] / 8, levels[4] / 8]
+    )
+    options = [
+        dict(temperature=1.0, top_p=0.9),
+        dict(temperature=0.8, top_p=0.9),
+        dict(temperature=1.0, top_k=40, top_p=0.8),
+        dict(temperature=0.7),
+        dict(temperature=1.5, min_p=0.3),
+    ]
+    batch = build([SamplingParams(**o) for o in options], vocab)
+    assert batch.candidates < vocab and batch.top_p_probe
+    got = apply_filters(logits, batch)
+    for row, o in enumerate(options):
+        z = logits[row].double().numpy() / o["temperature"]
+        keep = reference_keep(z, o.get("top_k", -1), o.get("top_p", 1.0), o.get("min_p", 0.0), 1e-4)
+        assert (torch.isfinite(got[row]).numpy() == keep).all(), row
+        np.testing.assert_allclose(got[row].numpy()[keep], z[keep], rtol=1e-6)
+    kept = [int(torch.isfinite(got[row]).sum()) for row in range(2)]
+    assert kept[0] < 1024 < kept[1]  # both top-p paths really ran
 
 
 def test_one_seed_across_positions_follows_the_target_distribution() -> None:

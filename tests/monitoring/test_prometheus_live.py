@@ -1,0 +1,309 @@
+"""Real Prometheus against a real local kvray cluster.
+
+One start-up for the module: a local Ray instance with a free metrics export port (and a 1 s
+export interval), the kvray Serve application with two engine replicas of the demo model, and
+Debian's `prometheus` running the shipped config and rules (scrape and evaluation intervals cut
+to 1 s, the target pointed at the free port). A short load goes through the OpenAI API with the
+official client; then Prometheus' HTTP API must show:
+
+- every metric name the rules and the dashboard reference, and every recording rule with a
+  number; every dashboard query returning data; every rule evaluating without error;
+- token counters equal to the API's usage sums, TTFT histogram count equal to the number of
+  requests served; KV usage, running and waiting back to 0 after the load;
+- `promtool check metrics` accepting the kvray families of a real scrape.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.monitoring.promkit import (
+    KVRAY_METRICS,
+    MONITORING,
+    RULES_DIR,
+    dashboard_queries,
+    free_port,
+    kvray_exposition,
+    load_dashboard,
+    referenced_metric_names,
+    rule_expressions,
+    run_promtool,
+    scrape,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+NUM_REPLICAS = 2
+# A family of prompts sharing a long prefix (several KV blocks) so the prefix cache has hits.
+SHARED_PREFIX = "The quick brown fox jumps over the lazy dog while the sun sets slowly. " * 6
+
+
+@dataclass
+class Stack:
+    http_url: str
+    metrics_url: str
+    prom_url: str
+    model: str
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """Instant query; raises on a parse or evaluation error."""
+        resp = self.http.get(f"{self.prom_url}/api/v1/query", params={"query": promql})
+        body = resp.json()
+        assert resp.status_code == 200 and body["status"] == "success", (promql, body)
+        return body["data"]["result"]
+
+    def scalar(self, promql: str) -> float | None:
+        result = self.query(promql)
+        return float(result[0]["value"][1]) if result else None
+
+
+def _prometheus_config(tmp: Path, metrics_port: int) -> Path:
+    """The shipped prometheus.yml with 1 s intervals, the test's target and absolute rules."""
+    config = yaml.safe_load((MONITORING / "prometheus" / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(RULES_DIR / "*.yml")]
+    (job,) = config["scrape_configs"]
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{metrics_port}"]}]
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("prometheus missing: run monitoring/install_prometheus.sh")
+    import ray
+    from ray import serve
+
+    from cluster.app import build_app
+    from cluster.config import ServeConfig
+
+    metrics_port, http_port, prom_port = free_port(), free_port(), free_port()
+    ray.init(
+        # "local": a new instance even when someone's `ray start` cluster runs on this host.
+        address="local",
+        include_dashboard=False,
+        num_cpus=NUM_REPLICAS + 1,
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": 1000},
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="kvray-prom-"))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+        config = ServeConfig(
+            num_replicas=NUM_REPLICAS,
+            device="cpu",
+            max_model_len=512,
+            kv_cache_memory_bytes=32 * 1024 * 1024,
+            max_num_seqs=16,
+        )
+        serve.run(build_app(config), name="kvray", route_prefix="/")
+
+        proc = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={_prometheus_config(tmp, metrics_port)}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=(tmp / "prometheus.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        wait_for(lambda: _ready(f"{prom_url}/-/ready"), bool, "prometheus ready", timeout_s=60)
+        yield Stack(
+            http_url=f"http://127.0.0.1:{http_port}",
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+            prom_url=prom_url,
+            model=config.model_name(),
+        )
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass(frozen=True)
+class Served:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@pytest.fixture(scope="module")
+def load(stack: Stack) -> list[Served]:
+    """A short mixed load through the OpenAI API; returns the usage of every served request."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{stack.http_url}/v1", api_key="unused", max_retries=0)
+
+    def completion(i: int) -> Served:
+        resp = client.completions.create(
+            model=stack.model,
+            prompt=f"{SHARED_PREFIX} Story number {i}:",
+            max_tokens=8 + i % 9,
+            temperature=0.0,
+        )
+        return Served(resp.usage.prompt_tokens, resp.usage.completion_tokens)
+
+    def streamed_chat(i: int) -> Served:
+        stream = client.chat.completions.create(
+            model=stack.model,
+            messages=[{"role": "user", "content": f"{SHARED_PREFIX} Question {i}?"}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = [chunk.usage for chunk in stream if chunk.usage is not None]
+        assert len(usage) == 1
+        return Served(usage[0].prompt_tokens, usage[0].completion_tokens)
+
+    jobs = [(completion, i) for i in range(16)] + [(streamed_chat, i) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        served = list(pool.map(lambda job: job[0](job[1]), jobs))
+
+    # Client errors, so the error panels and the code label have something to show.
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=stack.model, prompt="x", max_tokens=4, temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=4)
+
+    # Prometheus has every request once the scraped TTFT count reaches the number served.
+    wait_for(
+        lambda: stack.scalar("sum(ray_kvray_time_to_first_token_seconds_count)"),
+        lambda v: v is not None and v >= len(served),
+        "all requests in Prometheus",
+    )
+    return served
+
+
+def _finite(result: list[dict[str, Any]]) -> bool:
+    return any(math.isfinite(float(r["value"][1])) for r in result)
+
+
+def test_every_referenced_metric_name_is_scraped(stack: Stack, load: list[Served]) -> None:
+    exprs = [e for _, e in rule_expressions()]
+    exprs += [e for _, e in dashboard_queries(load_dashboard())]
+    referenced = referenced_metric_names(exprs)
+    resp = stack.http.get(f"{stack.prom_url}/api/v1/label/__name__/values").json()
+    known = set(resp["data"])
+    assert referenced - known == set()
+    # ... and every DESIGN.md metric, whether or not a query uses it.
+    exported = {n[len("ray_") :] for n in known if n.startswith("ray_kvray_")}
+    expected = {f"{n}_count" if kind == "histogram" else n for n, kind in KVRAY_METRICS.items()}
+    assert expected <= exported
+
+
+def test_engine_series_are_labelled_per_replica(stack: Stack, load: list[Served]) -> None:
+    result = stack.query("count by (model, replica) (ray_kvray_kv_cache_blocks)")
+    assert {r["metric"]["model"] for r in result} == {stack.model}
+    assert len({r["metric"]["replica"] for r in result}) == NUM_REPLICAS
+    healthy = stack.scalar('sum(ray_serve_deployment_replica_healthy{deployment="LLMServer"})')
+    assert healthy == NUM_REPLICAS
+
+
+def test_every_recording_rule_produces_a_number(stack: Stack, load: list[Served]) -> None:
+    records = sorted({name for name, _ in rule_expressions() if not name[0].isupper()})
+    empty = [name for name in records if not _finite(stack.query(name))]
+    assert empty == []
+
+
+def test_every_rule_evaluates_without_error(stack: Stack, load: list[Served]) -> None:
+    groups = stack.http.get(f"{stack.prom_url}/api/v1/rules").json()["data"]["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) == len(rule_expressions())
+    bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert bad == []
+    firing = [r["name"] for r in rules if r["type"] == "alerting" and r["state"] == "firing"]
+    assert firing == []
+
+
+def test_every_dashboard_query_returns_data(stack: Stack, load: list[Served]) -> None:
+    # A window covering the whole load, as a person looking at the last minutes would see.
+    queries = dashboard_queries(load_dashboard(), {"__rate_interval": "5m"})
+    dead = [(title, expr) for title, expr in queries if not _finite(stack.query(expr))]
+    assert dead == []
+
+
+def test_token_counters_equal_the_api_usage_sums(stack: Stack, load: list[Served]) -> None:
+    prompt = sum(s.prompt_tokens for s in load)
+    completion = sum(s.completion_tokens for s in load)
+    assert stack.scalar("sum(ray_kvray_prompt_tokens_total)") == prompt
+    assert stack.scalar("sum(ray_kvray_generation_tokens_total)") == completion
+    assert stack.scalar("sum(ray_kvray_time_to_first_token_seconds_count)") == len(load)
+    assert stack.scalar("sum(ray_kvray_e2e_request_latency_seconds_count)") == len(load)
+    assert stack.scalar("sum(ray_kvray_request_success_total)") == len(load)
+    # The exporter itself agrees (no Prometheus arithmetic in between).
+    s = scrape(stack.metrics_url)
+    assert s.value("ray_kvray_prompt_tokens_total") == prompt
+    assert s.value("ray_kvray_generation_tokens_total") == completion
+
+
+def test_router_counted_successes_and_client_errors(stack: Stack, load: list[Served]) -> None:
+    ok = stack.scalar('sum(ray_kvray_router_requests_total{protocol="http", code="200"})')
+    assert ok is not None and ok >= len(load)
+    assert stack.scalar('sum(ray_kvray_router_requests_total{code="400"})') == 1
+    assert stack.scalar('sum(ray_kvray_router_requests_total{code="404"})') == 1
+    hits = stack.scalar("sum(ray_kvray_prefix_cache_hits_total)")
+    assert hits is not None and hits > 0
+
+
+def test_gauges_return_to_zero_after_the_load(stack: Stack, load: list[Served]) -> None:
+    def idle() -> tuple[float | None, ...]:
+        return (
+            stack.scalar("max(ray_kvray_kv_cache_usage_ratio)"),
+            stack.scalar("sum(ray_kvray_num_requests_running)"),
+            stack.scalar("sum(ray_kvray_num_requests_waiting)"),
+        )
+
+    assert wait_for(idle, lambda v: v == (0.0, 0.0, 0.0), "idle gauges") == (0.0, 0.0, 0.0)
+
+
+def test_promtool_check_metrics_on_a_real_scrape(stack: Stack, load: list[Served]) -> None:
+    result = run_promtool(
+        "check", "metrics", stdin=kvray_exposition(scrape(stack.metrics_url).text)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_queries_run_as_range_queries(stack: Stack, load: list[Served]) -> None:
+    """What a Grafana time-series panel sends: query_range over the last minutes."""
+    end = time.time()
+    for title, expr in dashboard_queries(load_dashboard(), {"__rate_interval": "1m"}):
+        params = {"query": expr, "start": end - 120, "end": end, "step": "5"}
+        body = stack.http.get(
+            f"{stack.prom_url}/api/v1/query_range?{urllib.parse.urlencode(params)}"
+        ).json()
+        assert body["status"] == "success", (title, body)
+        assert body["data"]["result"], title

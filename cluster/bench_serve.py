@@ -290,6 +290,7 @@ class LocalCluster:
 
         self.http_port, self.grpc_port = _free_port(), _free_port()
         ray.init(
+            address="local",  # a new instance, never one another `ray start` left running
             num_cpus=max(4, self._args.num_replicas + 2),
             include_dashboard=False,
             logging_level="WARNING",

@@ -85,6 +85,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
             args.metrics_port,
         )
         ray.init(
+            address="local",  # a new instance, never one another `ray start` left running
             num_cpus=cpus,
             include_dashboard=False,
             runtime_env=runtime_env or None,

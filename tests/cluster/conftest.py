@@ -52,6 +52,7 @@ def ray_session(demo_dir: Path) -> Iterator[None]:
         # Until the gRPC stubs are installed as the `kvray` package, put them on the path.
         env_vars["PYTHONPATH"] = str(REPO / "proto")
     ray.init(
+        address="local",  # our own instance, even if someone's `ray start` cluster is up
         num_cpus=8,
         include_dashboard=False,
         logging_level="WARNING",

@@ -81,6 +81,12 @@ def rendezvous_rank(key: str, replica_ids: Sequence[str]) -> list[str]:
 class PrefixAffinityRouter(RequestRouter):
     """Prefix-cache affinity balanced against load. Configured through request_router_kwargs."""
 
+    # An engine replica's event loop shares its process with the engine thread, so a
+    # queue-length probe can take longer than Serve's 0.1 s default on a busy CPU machine;
+    # a missed deadline makes the router treat the replica as unavailable for that round.
+    queue_len_response_deadline_s = 0.5
+    max_queue_len_response_deadline_s = 5.0
+
     def initialize_state(self, **kwargs: Any) -> None:
         unknown = set(kwargs) - set(DEFAULTS)
         if unknown:
@@ -101,6 +107,10 @@ class PrefixAffinityRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        if pending_request is not None:
+            # Sleep (with backoff) between rounds when no rank could take the request:
+            # without it the routing loop spins and starves the event loop it runs on.
+            pending_request.routing_context.should_backoff = True
         # Shuffled first so that equally loaded replicas share the work (sort is stable).
         by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
         preferred = self._preferred(candidate_replicas, pending_request)

@@ -26,13 +26,6 @@ TINY = ["--num-prompts", "6", "--input-len-range", "4", "12", "--output-len-rang
 METRICS = ("elapsed_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s")
 
 
-@pytest.fixture(scope="module")
-def demo_dir() -> Path:
-    from workers.demo import demo_model_dir
-
-    return demo_model_dir()
-
-
 def _bench(tmp_path: Path, *argv: str) -> dict:
     out = tmp_path / "result.json"
     assert main(["bench", "throughput", *argv, "--result-json", str(out)]) == 0

@@ -104,7 +104,8 @@ class Scheduler:
             if not self.bm.allocate(seq, n, cached):
                 break
             if seq.first_scheduled_time is None:
-                self.bm.record_query(seq.prompt_len, min(num_cached, seq.prompt_len))
+                if self.bm.enable_caching:
+                    self.bm.record_query(seq.prompt_len, min(num_cached, seq.prompt_len))
                 seq.num_cached_tokens = min(num_cached, seq.prompt_len)
                 seq.first_scheduled_time = now
             seq.num_computed_tokens = num_cached

@@ -158,9 +158,9 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
-    # Per-collective watchdog: a collective or step that does not finish in this time fails
-    # the engine instead of hanging it.
-    step_timeout_s: float = 60.0
+    # Watchdog: a step (or a collective) that does not finish in this time fails the engine
+    # with an error naming the rank, instead of hanging it.
+    step_timeout_s: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class EngineArgs:
     seed: int = 0
     device: str | None = None
     served_model_name: str | None = None
-    step_timeout_s: float = 60.0
+    step_timeout_s: float = 20.0
 
     def create_config(self) -> EngineConfig:
         from workers.platform import Platform
@@ -201,6 +201,11 @@ class EngineArgs:
         max_model_len = self.max_model_len or limit
         if max_model_len > limit:
             raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({limit})")
+        from workers.distributed import TPGroup
+        from workers.models.llama import check_tp_divisibility
+
+        # Fail at start-up, before any actor is spawned, when the heads do not divide.
+        check_tp_divisibility(model, TPGroup(0, self.tensor_parallel_size))
         batched = self.max_num_batched_tokens or max(2048, self.block_size)
         platform = Platform.detect(self.device)
         return EngineConfig(

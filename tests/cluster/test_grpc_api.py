@@ -142,7 +142,7 @@ def cluster(offline: Offline) -> Iterator[Cluster]:
     # inherit this process's environment.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, API_KEY)
-        ray.init(include_dashboard=False, num_cpus=4, logging_level="WARNING")
+        ray.init(address="local", include_dashboard=False, num_cpus=4, logging_level="WARNING")
         http_port, grpc_port = _free_port(), _free_port()
         serve.start(
             http_options={"host": "127.0.0.1", "port": http_port},

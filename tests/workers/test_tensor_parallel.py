@@ -1,0 +1,108 @@
+"""Tensor parallelism on CPU (gloo) with Ray worker actors: same tokens as TP=1 and HF."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+import ray
+
+from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf
+from tests.workers.parity import assert_greedy_match
+from workers import LLM, AsyncEngine, SamplingParams
+from workers.config import EngineArgs
+from workers.errors import EngineDeadError
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():  # noqa: ANN201
+    ray.init(include_dashboard=False, num_cpus=4, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _prompts(seed: int, lengths=(1, 7, 16, 33, 90, 200)) -> list[list[int]]:  # noqa: ANN001
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 3800) for _ in range(n)] for n in lengths]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tp2_matches_tp1_and_transformers(kind: str, checkpoints) -> None:
+    path = str(checkpoints[kind])
+    prompts = _prompts(1)
+    tp1 = LLM(path, kv_cache_memory_bytes=16 << 20).generate(prompts, GREEDY, use_tqdm=False)
+    tp2_llm = LLM(path, tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
+    try:
+        tp2 = tp2_llm.generate(prompts, GREEDY, use_tqdm=False)
+        per_rank = tp2_llm.engine.executor.param_bytes()
+    finally:
+        tp2_llm.engine.shutdown()
+    total = LLM(path, kv_cache_memory_bytes=1 << 20).engine.executor.worker.param_bytes()
+    # Embeddings and LM head are vocab-parallel too; only the norms are replicated.
+    for b in per_rank:
+        assert abs(b - total / 2) / (total / 2) < 0.05, (per_rank, total)
+    hf = load_hf(path)
+    for prompt, a, b in zip(prompts, tp1, tp2, strict=True):
+        ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
+        assert_greedy_match(hf, prompt, tb, ta)
+        assert_greedy_match(hf, prompt, tb, hf_greedy(hf, prompt, 10))
+        rows = hf_logprobs(hf, prompt, tb)
+        for row, tok, lp in zip(rows, tb, b.outputs[0].logprobs, strict=True):
+            assert abs(lp[tok] - row[tok].item()) < 1e-4
+
+
+def test_tp2_with_prefix_caching_chunking_and_preemption(demo_dir) -> None:
+    prefix = _prompts(2, (64,))[0]
+    prompts = [prefix + p for p in _prompts(3, (5, 60, 120, 150, 9, 33, 70, 100))]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ref = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20).generate(prompts, params,
+                                                                      use_tqdm=False)
+    # 32 KiB per block per rank for the demo model at TP=2: 20 blocks force preemption.
+    llm = LLM(str(demo_dir), tensor_parallel_size=2, kv_cache_memory_bytes=20 * 32768,
+              max_num_batched_tokens=64)
+    try:
+        out = llm.generate(prompts, params, use_tqdm=False)
+        stats = llm.stats()
+    finally:
+        llm.engine.shutdown()
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert stats.kv_blocks_used == 0
+
+
+def test_killing_a_rank_fails_every_request_quickly(demo_dir) -> None:
+    eng = AsyncEngine(EngineArgs(model=str(demo_dir), tensor_parallel_size=2,
+                                 kv_cache_memory_bytes=16 << 20, step_timeout_s=10))
+    params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
+
+    async def stream(i: int) -> int:
+        n = 0
+        async for out in eng.generate(f"request {i}", params, f"k{i}"):
+            n += len(out.outputs[0].delta_token_ids)
+        return n
+
+    async def main():  # noqa: ANN202
+        tasks = [asyncio.create_task(stream(i)) for i in range(8)]
+        while eng.stats().generation_tokens < 40:
+            await asyncio.sleep(0.05)
+        ray.kill(eng.engine.executor.actors[1])
+        t0 = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        return results, time.monotonic() - t0
+
+    results, _elapsed = asyncio.run(main())
+    assert all(isinstance(r, EngineDeadError) for r in results), results
+    assert any("rank" in str(r) for r in results)
+    assert not eng.healthy
+    assert eng.engine.executor.actors == []  # actors and placement group released
+    eng.shutdown()
+
+
+def test_tp3_on_four_heads_is_a_clear_startup_error(checkpoints) -> None:
+    with pytest.raises(ValueError, match=r"num_attention_heads \(4\) is not divisible by "
+                                         r"tensor_parallel_size \(3\)"):
+        LLM(str(checkpoints["llama"]), tensor_parallel_size=3)

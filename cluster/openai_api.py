@@ -167,7 +167,11 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     """The FastAPI app of one ingress replica; routes close over `ingress`."""
 
     async def authorize(request: Request) -> None:
-        ingress.auth.check_path(request.url.path, request.headers.get("authorization"))
+        # The path below the app's route prefix (Serve passes the prefix as root_path).
+        path, root = request.scope.get("path", ""), request.scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        ingress.auth.check_path(path, request.headers.get("authorization"))
 
     app = FastAPI(title="kvray", dependencies=[Depends(authorize)])
 

@@ -17,6 +17,7 @@ block) go to the least-loaded replica ("load").
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import random
@@ -133,6 +134,26 @@ class PrefixAffinityRouter(RequestRouter):
         else:
             decision = "fallback"
         self._metrics.routing(decision)
+
+    def _fulfill_next_pending_request(
+        self, replica: RunningReplica, request_metadata: Any = None
+    ) -> None:
+        """Hands `replica` to the request this routing task chose it for.
+
+        Serve's base class finds that request by its internal request id, but every handle
+        call made while serving one ingress request shares that id (e.g. the prompts of a
+        batched /v1/completions), so all but one of them would never be routed. The routing
+        task itself knows which request it works on: Serve records it per task.
+        """
+        task = asyncio.current_task()
+        mine = [f for f, t in self._routing_task_by_pending_request_future.items() if t is task]
+        for pr in self._pending_requests_to_fulfill:
+            if pr.future in mine and not pr.future.done():
+                self._record_queue_wait_time(pr)
+                pr.future.set_result(replica)
+                self._remove_pending_request_from_indices(pr)
+                return
+        super()._fulfill_next_pending_request(replica, request_metadata)
 
     # -- internals -----------------------------------------------------------------------
 

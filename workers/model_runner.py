@@ -46,8 +46,9 @@ class ModelInput:
 
 
 def prepare_inputs(
-    states: list[SeqState], block_size: int, device: torch.device
+    states: list[SeqState], block_size: int, device: torch.device, cpu_kernel: object = None
 ) -> ModelInput:
+    """`cpu_kernel`: the loaded CPU decode-attention kernel, or None for the torch path."""
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
     ordered = decodes + prefills
@@ -60,7 +61,7 @@ def prepare_inputs(
     sample_states: list[SeqState] = []
 
     d = len(decodes)
-    decode_tables = decode_mask = None
+    decode_tables = decode_mask = decode_lens = None
     if d:
         ctx = np.fromiter((s.num_computed_tokens for s in decodes), dtype=np.int64, count=d)
         ids.extend(s.token_ids[s.num_computed_tokens] for s in decodes)
@@ -70,11 +71,13 @@ def prepare_inputs(
             tables[r, : len(s.block_ids)] = s.block_ids
         pos_parts.append(ctx)
         slot_parts.append(tables[np.arange(d), ctx // bs] * bs + ctx % bs)
-        # Causal: a decode at position p attends to positions 0..p.
-        length = max_blocks * bs
-        mask = np.arange(length)[None, :] <= ctx[:, None]
         decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
-        decode_mask = torch.from_numpy(mask).to(device, non_blocking=True)[:, None, None, :]
+        if cpu_kernel is not None:
+            decode_lens = torch.from_numpy(ctx + 1)
+        else:
+            # Causal: a decode at position p attends to positions 0..p.
+            mask = np.arange(max_blocks * bs)[None, :] <= ctx[:, None]
+            decode_mask = torch.from_numpy(mask).to(device, non_blocking=True)[:, None, None, :]
         for r, s in enumerate(decodes):
             if s.num_computed_tokens + 1 == len(s.token_ids):
                 logits_idx.append(r)
@@ -111,6 +114,8 @@ def prepare_inputs(
         decode_block_tables=decode_tables,
         decode_mask=decode_mask,
         prefills=prefill_meta,
+        decode_lens=decode_lens,
+        cpu_kernel=cpu_kernel,
     )
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),

@@ -57,6 +57,13 @@ class Worker:
         from workers.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
+        # On CPU in float32, decode attention uses a small C kernel that reads the paged
+        # cache in place (see workers/layers/cpu_kernels.py); elsewhere the torch path.
+        self.cpu_kernel = None
+        if device.type == "cpu" and config.torch_dtype == torch.float32:
+            from workers.layers.cpu_kernels import kernel
+
+            self.cpu_kernel = kernel()
 
     def param_bytes(self) -> int:
         seen: set[int] = set()
@@ -119,7 +126,7 @@ class Worker:
         order = self._apply(step)
         if not order:
             return StepOutput([], []) if self.is_driver else None
-        inp = prepare_inputs(order, self.block_size, self.device)
+        inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
         logits = self.model(
             inp.input_ids, inp.positions, self.kv_caches, inp.meta, inp.logits_indices
         )

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workers.layers.cpu_kernels import paged_decode_attention_cpu
+
 
 @dataclass
 class PrefillSeq:
@@ -34,8 +36,10 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
     num_decodes: int
     decode_block_tables: torch.Tensor | None  # [D, max_blocks]
-    decode_mask: torch.Tensor | None  # [D, 1, 1, L] bool
+    decode_mask: torch.Tensor | None  # [D, 1, 1, L] bool (torch-native path)
     prefills: list[PrefillSeq]
+    decode_lens: torch.Tensor | None = None  # [D] tokens attended (CPU kernel path)
+    cpu_kernel: object | None = None  # the loaded CPU decode kernel, when it is used
 
 
 class PagedAttention(nn.Module):
@@ -64,7 +68,12 @@ class PagedAttention(nn.Module):
 
         out = torch.empty_like(q)
         d = meta.num_decodes
-        if d:
+        if d and meta.cpu_kernel is not None:
+            out[:d] = paged_decode_attention_cpu(
+                meta.cpu_kernel, q[:d], k_cache, v_cache, meta.decode_block_tables,
+                meta.decode_lens, self.scale,
+            )
+        elif d:
             tables = meta.decode_block_tables
             kd = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [D, KH, L, Dh]
             vd = v_cache[tables].flatten(1, 2).transpose(1, 2)

@@ -1,0 +1,46 @@
+"""build_app: a pure builder from config to bound deployments (no Ray instance needed)."""
+
+from __future__ import annotations
+
+import pytest
+from ray import serve
+
+from cluster.app import build_app, ingress_options, llm_server_options
+from cluster.config import ServeConfig
+from cluster.router import ROUTER_CLASS_PATH
+
+
+def test_build_app_from_yaml_args() -> None:
+    app = build_app({"num_replicas": 2, "device": "cpu"})
+    assert isinstance(app, serve.Application)
+    with pytest.raises(ValueError, match="unknown kvray application args"):
+        build_app({"replicas": 2})
+
+
+def test_llm_server_reserves_its_tp_group_through_a_placement_group() -> None:
+    cpu = llm_server_options(ServeConfig(tensor_parallel_size=2, device="cpu"))
+    assert cpu["placement_group_bundles"] == [{"CPU": 1}, {"CPU": 1}]
+    assert cpu["placement_group_strategy"] == "STRICT_PACK"
+    assert cpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0}
+    gpu = llm_server_options(ServeConfig(tensor_parallel_size=4, device="cuda"))
+    assert gpu["placement_group_bundles"] == [{"CPU": 1, "GPU": 1}] * 4
+    # The replica actor itself must fit in bundle 0.
+    assert gpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+
+
+def test_replicas_autoscaling_and_router() -> None:
+    fixed = llm_server_options(ServeConfig(num_replicas=3, device="cpu"))
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["name"] == "LLMServer" and fixed["max_ongoing_requests"] == 256
+    assert fixed["request_router_config"].request_router_class == ROUTER_CLASS_PATH
+    auto = llm_server_options(ServeConfig(min_replicas=1, max_replicas=5, device="cpu"))
+    assert "num_replicas" not in auto
+    assert auto["autoscaling_config"]["max_replicas"] == 5
+    pow2 = llm_server_options(ServeConfig(request_router="power_of_two", device="cpu"))
+    assert "PowerOfTwo" in str(pow2["request_router_config"].request_router_class)
+
+
+def test_ingress_options() -> None:
+    opts = ingress_options(ServeConfig(ingress_replicas=2))
+    assert opts["name"] == "OpenAIIngress" and opts["num_replicas"] == 2
+    assert opts["max_ongoing_requests"] > 256  # never the queue in front of the engines

@@ -1,0 +1,66 @@
+"""ServeConfig: validation at the edge, YAML args round trip, autoscaling, model names."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.config import ServeConfig
+
+
+def test_defaults_match_the_contract() -> None:
+    c = ServeConfig()
+    assert (c.num_replicas, c.tensor_parallel_size, c.max_queued_requests) == (1, 1, 128)
+    assert (c.target_ongoing_requests, c.max_ongoing_requests, c.max_num_seqs) == (16, 256, 256)
+    assert c.api_key_env == "KVRAY_API_KEY" and c.device == "auto" and c.enable_prefix_caching
+    assert c.grpc_max_message_bytes == 4 * 1024 * 1024 and c.ingress_replicas == 1
+    assert c.model_name() == "kvray-demo" and not c.autoscaling
+
+
+def test_unknown_args_are_an_error_listing_valid_keys() -> None:
+    with pytest.raises(ValueError, match=r"num_replica\b.*valid keys: .*num_replicas"):
+        ServeConfig.from_args({"num_replica": 2})
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"num_replicas": 0}, "num_replicas"),
+        ({"tensor_parallel_size": "2"}, "tensor_parallel_size"),
+        ({"max_queued_requests": True}, "max_queued_requests"),
+        ({"max_model_len": -5}, "max_model_len"),
+        ({"min_replicas": 3, "max_replicas": 2}, "max_replicas"),
+        ({"device": "tpu"}, "device"),
+        ({"api_key_env": "not a var"}, "api_key_env"),
+        ({"request_router": "random"}, "request_router"),
+        ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
+    ],
+)
+def test_bad_values_name_the_field(args: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} "):
+        ServeConfig.from_args(args)
+
+
+def test_args_round_trip() -> None:
+    c = ServeConfig(model="/models/qwen", num_replicas=3, kv_cache_memory_bytes=1 << 30)
+    args = c.to_args()
+    assert "max_model_len" not in args  # None fields are left out
+    assert ServeConfig.from_args(args) == c
+
+
+def test_autoscaling_config() -> None:
+    assert ServeConfig(num_replicas=4).autoscaling_config() is None
+    auto = ServeConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=8)
+    assert auto.autoscaling
+    assert auto.autoscaling_config() == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "initial_replicas": 1,
+        "target_ongoing_requests": 8,
+    }
+    only_max = ServeConfig(max_replicas=3).autoscaling_config()
+    assert only_max["min_replicas"] == 1 and only_max["max_replicas"] == 3
+
+
+def test_model_name() -> None:
+    assert ServeConfig(model="/ckpt/Qwen3-0.6B/").model_name() == "Qwen3-0.6B"
+    assert ServeConfig(model="/ckpt/x", served_model_name="prod").model_name() == "prod"

@@ -68,8 +68,10 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "name": LLM_SERVER_NAME,
         "max_ongoing_requests": config.max_ongoing_requests,
-        # Bounds the queue in each caller's router too (requests waiting for a replica slot).
-        "max_queued_requests": config.max_queued_requests,
+        # Bounds the queue in each caller's router too: requests not yet handed to a replica.
+        # A burst that the replicas can take (max_ongoing_requests each) passes; admission
+        # control proper is the replica's own waiting-queue cap (max_queued_requests).
+        "max_queued_requests": config.max_ongoing_requests + config.max_queued_requests,
         "ray_actor_options": {"num_cpus": 1, "num_gpus": 1 if gpu else 0},
         "placement_group_bundles": [dict(bundle) for _ in range(config.tensor_parallel_size)],
         "placement_group_strategy": "STRICT_PACK",

@@ -110,16 +110,18 @@ class OpenAIIngress:
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
         """RequestOutputs of one LLMServer request; errors come out as cluster.errors."""
-        gen = self.llm.options(stream=True).generate.remote(request)
+        gen = None
         finished = False
         try:
+            # Serve may refuse at once (BackPressureError): inside the try, so it maps to 429.
+            gen = self.llm.options(stream=True).generate.remote(request)
             async for out in gen:
                 finished = out.finished
                 yield out
         except Exception as err:
             raise as_kvray_error(err) from None
         finally:
-            if not finished:
+            if gen is not None and not finished:
                 gen.cancel()
 
     async def run(

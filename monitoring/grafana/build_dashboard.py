@@ -354,7 +354,7 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 "Rejected and failed ratio",
                 "Share of requests rejected as overloaded (429 / RESOURCE_EXHAUSTED) and failed "
-                "with a server error. The alert rules page above 5% and 1%.",
+                "with a server error. The alert rules fire above 5% and 1%.",
                 (
                     Target(code_ratio(REJECTED_CODES), "rejected (429)"),
                     Target(code_ratio(SERVER_ERROR_CODES), "server error (5xx)"),

@@ -16,6 +16,7 @@ official client; then Prometheus' HTTP API must show:
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import tempfile
@@ -97,7 +98,7 @@ def stack() -> Iterator[Stack]:
     from cluster.app import build_app
     from cluster.config import ServeConfig
 
-    metrics_port, http_port, prom_port = free_port(), free_port(), free_port()
+    metrics_port, http_port = free_port(), free_port()
     ray.init(
         # "local": a new instance even when someone's `ray start` cluster runs on this host.
         address="local",
@@ -119,24 +120,36 @@ def stack() -> Iterator[Stack]:
         )
         serve.run(build_app(config), name="kvray", route_prefix="/")
 
+        log = tmp / "prometheus.log"
+        data = tmp / "data"
         proc = subprocess.Popen(
             [
                 prometheus,
                 f"--config.file={_prometheus_config(tmp, metrics_port)}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
+                f"--storage.tsdb.path={data}",
+                # Port 0: Prometheus binds a free port itself and logs it (no race for one).
+                "--web.listen-address=127.0.0.1:0",
             ],
-            stdout=(tmp / "prometheus.log").open("wb"),
+            stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
         )
-        prom_url = f"http://127.0.0.1:{prom_port}"
+        prom_url = wait_for(
+            lambda: _listening_url(proc, log), bool, "prometheus listening", timeout_s=60
+        )
         wait_for(lambda: _ready(f"{prom_url}/-/ready"), bool, "prometheus ready", timeout_s=60)
-        yield Stack(
+        stack = Stack(
             http_url=f"http://127.0.0.1:{http_port}",
             metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
             prom_url=prom_url,
             model=config.model_name(),
         )
+        # A baseline before the load: rate() needs samples from before the counters moved.
+        wait_for(
+            lambda: stack.scalar("count_over_time(ray_kvray_kv_cache_blocks[1m])"),
+            lambda n: n is not None and n >= 3,
+            "three scrapes of the idle cluster",
+        )
+        yield stack
     finally:
         if proc is not None:
             proc.terminate()
@@ -147,6 +160,13 @@ def stack() -> Iterator[Stack]:
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _listening_url(proc: subprocess.Popen[bytes], log: Path) -> str:
+    if proc.poll() is not None:
+        raise AssertionError(f"prometheus exited:\n{log.read_text()[-3000:]}")
+    found = re.search(r'msg="Listening on" address=(\S+)', log.read_text())
+    return f"http://{found.group(1)}" if found else ""
 
 
 def _ready(url: str) -> bool:

@@ -1,0 +1,44 @@
+# kvray developer entry points. Two commands set everything up on a fresh machine:
+#   make serve   # venv + install + `kvray serve` on the built-in demo model
+#   make test    # venv + install (+ Debian prometheus) + ruff + the whole test suite
+#
+# torch: the CPU wheel is the fast path here (TORCH_SPEC). GPU users pick their CUDA build:
+#   make install TORCH_SPEC="torch==2.9.1" PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cu128"
+
+VENV ?= .venv
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+PIP_TORCH_ARGS ?=
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+
+.PHONY: install serve test lint format bench
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)" $(PIP_TORCH_ARGS)
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/kvray serve
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# One torch thread per process: tests start Ray actors and servers beside the test process
+# on small machines, where OpenMP spin-waiting across processes costs more than it gains.
+test: install lint
+	bash monitoring/install_prometheus.sh
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(VENV)/bin/kvray bench throughput --compare

@@ -39,11 +39,14 @@ from cluster.bench_common import (
 
 BACKENDS = ("kvray", "hf", "hf-cb")
 NO_PREFIX = "kvray-no-prefix-caching"
+TP1 = "kvray-tp1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--model", default=None, help="HF checkpoint directory (default: the built-in demo model)")
+    a("--model", default=None,
+      help="HF checkpoint directory (default: the built-in demo model), or random:qwen3-100m / "
+      "random:qwen3-0.6b for a seeded random-weight checkpoint of that shape")
     a("--backend", choices=BACKENDS, default="kvray", help="backend to time (default: kvray)")
     a("--compare", action="store_true", help="run every backend on the same workload; print ratios")
     a("--workload", choices=("default", "shared-prefix"), default="default")
@@ -77,7 +80,13 @@ class _Run:
 
 
 def run(args: argparse.Namespace) -> int:
-    model_dir = Path(args.model) if args.model else _demo_dir()
+    if args.model and args.model.startswith("random:"):
+        from cluster.random_model import random_model_dir
+
+        model_dir = random_model_dir(args.model.split(":", 1)[1],
+                                     dtype="float32" if _default_device() == "cpu" else "bfloat16")
+    else:
+        model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
     workload = _workload(args, token_ids)
     device = args.device or _default_device()
@@ -117,6 +126,8 @@ def _plan(args: argparse.Namespace) -> list[str]:
         return [NO_PREFIX if args.backend == "kvray" and args.no_prefix_caching else args.backend]
     if args.workload == "shared-prefix":
         return ["kvray", NO_PREFIX, "hf", "hf-cb"]
+    if args.tensor_parallel_size > 1:
+        return ["kvray", TP1, "hf", "hf-cb"]
     return ["kvray", "hf", "hf-cb"]
 
 
@@ -142,7 +153,7 @@ def _workload(args: argparse.Namespace, token_ids: list[int]) -> Workload:
 def _comparisons(by_name: dict[str, BenchResult]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     kv = by_name.get("kvray")
-    for other in ("hf", "hf-cb", NO_PREFIX):
+    for other in ("hf", "hf-cb", NO_PREFIX, TP1):
         if kv is not None and other in by_name:
             out[f"kvray/{other}"] = ratios(kv, by_name[other])
     return out
@@ -184,6 +195,8 @@ def _run_backend(name: str, r: _Run, skipped: dict[str, str]) -> BenchResult | N
             return _run_kvray(r, prefix_caching=True, name=name)
         if name == NO_PREFIX:
             return _run_kvray(r, prefix_caching=False, name=name)
+        if name == TP1:
+            return _run_kvray(r, prefix_caching=True, name=name, tensor_parallel_size=1)
         if name == "hf":
             return _run_hf(r)
         return _run_hf_cb(r)
@@ -237,13 +250,16 @@ def _progress(total: int, desc: str, *, enabled: bool = True) -> Any:
 # ---------------------------------------------------------------------------------- kvray
 
 
-def _run_kvray(r: _Run, *, prefix_caching: bool, name: str) -> BenchResult:
+def _run_kvray(
+    r: _Run, *, prefix_caching: bool, name: str, tensor_parallel_size: int | None = None
+) -> BenchResult:
     from workers import LLM
 
     args = r.args
+    tp = tensor_parallel_size or args.tensor_parallel_size
     kwargs: dict[str, Any] = dict(
         model=str(r.model_dir),
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=tp,
         dtype=args.dtype,
         enable_prefix_caching=prefix_caching,
         kv_cache_memory_bytes=args.kv_cache_memory,
@@ -257,10 +273,12 @@ def _run_kvray(r: _Run, *, prefix_caching: bool, name: str) -> BenchResult:
     try:
         _kvray_generate(llm, r.warmup, progress=False)
         before = llm.stats()
+        t_before = llm.engine.executor.timing()
         start = time.perf_counter()
         outputs = _kvray_generate(llm, r.workload, progress=True)
         elapsed = time.perf_counter() - start
         after = llm.stats()
+        t_after = llm.engine.executor.timing()
     finally:
         llm.engine.shutdown()  # frees the KV cache (and TP workers) before the next backend
         del llm
@@ -280,6 +298,7 @@ def _run_kvray(r: _Run, *, prefix_caching: bool, name: str) -> BenchResult:
         f"prefill tokens computed: {extra['prefill_tokens_computed']} of "
         f"{r.workload.prompt_tokens} ({cached} from the prefix cache)"
     )
+    notes.extend(_step_timing(extra, t_before, t_after, tp))
     return BenchResult(
         backend=name,
         elapsed_s=elapsed,
@@ -289,6 +308,28 @@ def _run_kvray(r: _Run, *, prefix_caching: bool, name: str) -> BenchResult:
         notes=tuple(notes),
         extra=extra,
     )
+
+
+def _step_timing(
+    extra: dict[str, Any], before: dict[str, float], after: dict[str, float], tp: int
+) -> list[str]:
+    """Per-step time split: model step on rank 0, its collectives, and the actor-call overhead."""
+    steps = max(1, after["steps"] - before["steps"])
+    per = {k: (after[k] - before[k]) / steps * 1e3 for k in ("execute_s", "collective_s", "wall_s")}
+    extra.update(
+        tensor_parallel_size=tp,
+        step_ms=per["wall_s"],
+        rank0_execute_ms_per_step=per["execute_s"],
+        all_reduce_ms_per_step=per["collective_s"],
+        actor_call_overhead_ms_per_step=per["wall_s"] - per["execute_s"],
+    )
+    line = f"TP={tp}: {per['wall_s']:.2f} ms/step"
+    if tp > 1:
+        line += (
+            f" (rank 0 {per['execute_s']:.2f} ms of which all-reduce {per['collective_s']:.2f} ms;"
+            f" actor calls add {per['wall_s'] - per['execute_s']:.2f} ms)"
+        )
+    return [line]
 
 
 def _kvray_generate(llm: Any, workload: Workload, *, progress: bool) -> list[Any]:

@@ -184,7 +184,7 @@ class EngineMetrics:
         Token counts come from the same fields the API's `usage` is built from
         (`prompt_token_ids`, each sample's `token_ids`) so the counters equal its sums.
         """
-        m = getattr(out, "metrics", None)
+        m = out.metrics
         prompt_tokens = len(out.prompt_token_ids)
         if not prompt_tokens and m is not None:
             prompt_tokens = m.num_prompt_tokens
@@ -209,6 +209,10 @@ class EngineMetrics:
         times = m.token_times
         for prev, cur in zip(times, times[1:], strict=False):
             self._itl.observe(max(0.0, cur - prev))
+
+    def observe_aborted(self) -> None:
+        """Account a request that ended without a final output (client gone, cancelled)."""
+        self._success.inc(tags={"finish_reason": "abort"})
 
     def observe_step_tokens(self, counts: list[int]) -> None:
         """Tokens of each engine step since the last call (`engine.pop_step_token_counts()`)."""

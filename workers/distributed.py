@@ -6,19 +6,32 @@ collectives are no-ops, so a TP=1 model runs without torch.distributed at all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class CollectiveStats:
+    """Wall time spent in collectives (host-side: on CUDA it includes only what blocks)."""
+
+    seconds: float = 0.0
+    calls: int = 0
 
 
 @dataclass(frozen=True)
 class TPGroup:
     rank: int = 0
     size: int = 1
+    stats: CollectiveStats = field(default_factory=CollectiveStats, compare=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
+            t0 = time.perf_counter()
             torch.distributed.all_reduce(x)
+            self.stats.seconds += time.perf_counter() - t0
+            self.stats.calls += 1
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ class Executor(Protocol):
     num_blocks: int
 
     def execute(self, step: StepInput) -> StepOutput: ...
+    def timing(self) -> dict[str, float]: ...
     def check_health(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -36,6 +37,9 @@ class InProcessExecutor:
 
     def check_health(self) -> None:
         return None
+
+    def timing(self) -> dict[str, float]:
+        return {**self.worker.timing(), "wall_s": self.worker.execute_s}
 
     def shutdown(self) -> None:
         self.worker = None  # type: ignore[assignment]

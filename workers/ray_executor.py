@@ -74,6 +74,9 @@ class RankWorker:
     def param_bytes(self) -> int:
         return self.worker.param_bytes()
 
+    def timing(self) -> dict[str, float]:
+        return self.worker.timing()
+
     def ping(self) -> int:
         return self.rank
 
@@ -90,6 +93,7 @@ class RayExecutor:
         self.size = config.parallel.tensor_parallel_size
         self.timeout = config.parallel.step_timeout_s
         self._dead: str | None = None
+        self.wall_s = 0.0
         self._owned_pg: PlacementGroup | None = None
         gpu = config.device_type == "cuda"
         pg = get_current_placement_group()
@@ -170,8 +174,16 @@ class RayExecutor:
     def execute(self, step: StepInput) -> StepOutput:
         if self._dead is not None:
             raise RankFailedError(self._dead)
+        t0 = time.perf_counter()
         results = self._get([a.execute.remote(step) for a in self.actors], "step")
+        self.wall_s += time.perf_counter() - t0
         return results[0]
+
+    def timing(self) -> dict[str, float]:
+        """Rank 0's step and collective time plus the engine-side wall time of the steps;
+        wall - execute is what the actor calls add per step."""
+        rank0 = self._get([self.actors[0].timing.remote()], "timing")[0]
+        return {**rank0, "wall_s": self.wall_s}
 
     def param_bytes(self) -> list[int]:
         return self._get([a.param_bytes.remote() for a in self.actors], "param_bytes")

@@ -53,6 +53,8 @@ class Worker:
             sum(p.numel() for p in self.model.parameters()) / 1e6, time.perf_counter() - t0,
         )
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.steps = 0
+        self.execute_s = 0.0
         self.states: dict[str, SeqState] = {}
         from workers.layers.sampler import Sampler
 
@@ -121,8 +123,21 @@ class Worker:
             order.append(s)
         return order
 
-    @torch.inference_mode()
+    def timing(self) -> dict[str, float]:
+        """Cumulative: steps run, seconds inside execute(), seconds inside collectives."""
+        return {"steps": self.steps, "execute_s": self.execute_s,
+                "collective_s": self.tp.stats.seconds}
+
     def execute(self, step: StepInput) -> StepOutput | None:
+        t0 = time.perf_counter()
+        try:
+            return self._execute(step)
+        finally:
+            self.steps += 1
+            self.execute_s += time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def _execute(self, step: StepInput) -> StepOutput | None:
         order = self._apply(step)
         if not order:
             return StepOutput([], []) if self.is_driver else None

@@ -31,7 +31,9 @@ def _config_yaml(tmp: Path, *flags: str) -> dict[str, Any]:
 def test_yaml_shape_and_schema(tmp_path: Path) -> None:
     from ray.serve.schema import ServeDeploySchema
 
-    doc = _config_yaml(tmp_path, "--min-replicas", "1", "--max-replicas", "4", "--api-key", "sk-unique-7781")
+    doc = _config_yaml(
+        tmp_path, "--min-replicas", "1", "--max-replicas", "4", "--api-key", "sk-unique-7781"
+    )
     ServeDeploySchema.model_validate(doc)  # what `serve deploy` checks
     assert doc["http_options"] == {"host": "0.0.0.0", "port": 8000}
     assert doc["grpc_options"]["port"] == 9000

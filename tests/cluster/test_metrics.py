@@ -227,6 +227,18 @@ def test_finished_requests_feed_tokens_outcomes_and_latency_histograms(exporter:
     assert host.value(s, "kvray_request_generation_tokens_bucket", le="10.0") == 3
 
 
+def test_an_aborted_request_counts_as_abort(exporter: Any) -> None:
+    host, url = exporter
+    host.call("engine", "observe_aborted")
+    s = scrape_until(
+        url,
+        lambda s: host.value(s, "kvray_request_success_total", finish_reason="abort") == 1,
+        "one abort",
+    )
+    assert host.value(s, "kvray_request_success_total", finish_reason="stop") == 0
+    assert host.value(s, "kvray_time_to_first_token_seconds_count") is None
+
+
 def test_step_token_counts_fill_the_iteration_histogram(exporter: Any) -> None:
     host, url = exporter
     host.call("engine", "observe_step_tokens", [1, 3, 512, 9000])

@@ -40,7 +40,9 @@ def test_64_streams_half_cancelled(engine: AsyncEngine, demo_dir) -> None:
 
     async def main():  # noqa: ANN202
         tasks = [
-            asyncio.create_task(_collect(engine, p, f"s{i}", cancel_after=3 if i % 4 == 1 else None))
+            asyncio.create_task(
+                _collect(engine, p, f"s{i}", cancel_after=3 if i % 4 == 1 else None)
+            )
             for i, p in enumerate(prompts)
         ]
         # Cancel another quarter from outside, mid-flight.
@@ -122,8 +124,9 @@ def test_korean_and_emoji_stream_cleanly(text: str, demo_dir, tmp_path) -> None:
 
     async def main():  # noqa: ANN202
         deltas = []
-        async for out in eng.generate([start], SamplingParams(max_tokens=40, temperature=0.0),
-                                      "utf8"):
+        async for out in eng.generate(
+            [start], SamplingParams(max_tokens=40, temperature=0.0), "utf8"
+        ):
             deltas.append(out.outputs[0].delta_text)
         return deltas, out
 

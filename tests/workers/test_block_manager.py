@@ -50,7 +50,9 @@ def test_random_operations_keep_invariants(ops, vocab) -> None:  # noqa: ANN001
         if kind in ("new", "share") and seq is None:
             # Small vocab: many identical blocks, so sharing through the cache really happens.
             base = live.get((slot + 1) % 6) if kind == "share" else None
-            toks = list(base.token_ids[:arg]) if base else [(counter + i) % vocab for i in range(arg)]
+            toks = (
+                list(base.token_ids[:arg]) if base else [(counter + i) % vocab for i in range(arg)]
+            )
             if not toks:
                 continue
             counter += 1

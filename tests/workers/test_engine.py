@@ -26,13 +26,16 @@ def test_stop_string_spanning_tokens_is_cut(demo_llm) -> None:
     ids, text = _free_run(demo_llm, "Once upon a time")
     # Pick a stop string that starts inside one token's text and ends inside a later one.
     pieces = [tok.decode([t]) for t in ids]
-    k = next(i for i in range(3, len(pieces) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 1)
+    k = next(
+        i for i in range(3, len(pieces) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 1
+    )
     prefix = "".join(pieces[:k])
     stop = pieces[k][1:] + pieces[k + 1][:1]
     assert stop and text.find(stop) >= len(prefix) - 1
     cut = text.find(stop)
-    out = demo_llm.generate(["Once upon a time"], greedy(max_tokens=40, ignore_eos=True, stop=[stop]),
-                            use_tqdm=False)[0].outputs[0]
+    out = demo_llm.generate(
+        ["Once upon a time"], greedy(max_tokens=40, ignore_eos=True, stop=[stop]), use_tqdm=False
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == text[:cut]
     kept = demo_llm.generate(
@@ -47,8 +50,9 @@ def test_stop_token_ids_eos_and_ignore_eos(demo_llm) -> None:
     ids, _ = _free_run(demo_llm, "A small cat")
     target = ids[5]
     first = ids.index(target)
-    out = demo_llm.generate(["A small cat"], greedy(max_tokens=40, stop_token_ids=[target]),
-                            use_tqdm=False)[0].outputs[0]
+    out = demo_llm.generate(
+        ["A small cat"], greedy(max_tokens=40, stop_token_ids=[target]), use_tqdm=False
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == target
     assert out.token_ids == ids[: first + 1]  # the stop token is kept in token_ids
     # Treat the same token as EOS: stops unless ignore_eos; min_tokens postpones it.
@@ -59,11 +63,13 @@ def test_stop_token_ids_eos_and_ignore_eos(demo_llm) -> None:
         stopped = demo_llm.generate(["A small cat"], greedy(max_tokens=40), use_tqdm=False)[0]
         assert stopped.outputs[0].token_ids == ids[: first + 1]
         assert stopped.outputs[0].finish_reason == "stop"
-        ignored = demo_llm.generate(["A small cat"], greedy(max_tokens=40, ignore_eos=True),
-                                    use_tqdm=False)[0]
+        ignored = demo_llm.generate(
+            ["A small cat"], greedy(max_tokens=40, ignore_eos=True), use_tqdm=False
+        )[0]
         assert ignored.outputs[0].token_ids == ids
-        delayed = demo_llm.generate(["A small cat"], greedy(max_tokens=40, min_tokens=first + 1),
-                                    use_tqdm=False)[0].outputs[0]
+        delayed = demo_llm.generate(
+            ["A small cat"], greedy(max_tokens=40, min_tokens=first + 1), use_tqdm=False
+        )[0].outputs[0]
         assert len(delayed.token_ids) > first + 1
         assert target not in delayed.token_ids[: first + 1]  # blocked before min_tokens
     finally:
@@ -71,13 +77,19 @@ def test_stop_token_ids_eos_and_ignore_eos(demo_llm) -> None:
 
 
 def test_n_samples_share_prompt_and_differ(demo_llm) -> None:
-    out = demo_llm.generate(["Tell me"], SamplingParams(n=3, max_tokens=12, temperature=1.0,
-                                                        seed=7, ignore_eos=True), use_tqdm=False)[0]
+    out = demo_llm.generate(
+        ["Tell me"],
+        SamplingParams(n=3, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     toks = [tuple(c.token_ids) for c in out.outputs]
     assert all(len(t) == 12 for t in toks) and len(set(toks)) == 3
-    again = demo_llm.generate(["Tell me"], SamplingParams(n=3, max_tokens=12, temperature=1.0,
-                                                          seed=7, ignore_eos=True), use_tqdm=False)
+    again = demo_llm.generate(
+        ["Tell me"],
+        SamplingParams(n=3, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert [tuple(c.token_ids) for c in again[0].outputs] == toks
 
 
@@ -86,19 +98,26 @@ def test_seeded_request_same_alone_and_in_batch_of_32(demo_llm) -> None:
     alone = demo_llm.generate(["Seeded prompt"], p, use_tqdm=False)[0].outputs[0].token_ids
     others = [f"other prompt {i}" for i in range(32)]
     other_params = [
-        SamplingParams(max_tokens=10 + i % 7, temperature=1.0, seed=i if i % 2 else None,
-                       ignore_eos=True)
+        SamplingParams(
+            max_tokens=10 + i % 7, temperature=1.0, seed=i if i % 2 else None, ignore_eos=True
+        )
         for i in range(32)
     ]
-    outs = demo_llm.generate(others[:16] + ["Seeded prompt"] + others[16:],
-                             other_params[:16] + [p] + other_params[16:], use_tqdm=False)
+    outs = demo_llm.generate(
+        others[:16] + ["Seeded prompt"] + others[16:],
+        other_params[:16] + [p] + other_params[16:],
+        use_tqdm=False,
+    )
     assert outs[16].outputs[0].token_ids == alone
 
 
 def test_top_k_one_equals_greedy(demo_llm) -> None:
     g = demo_llm.generate(["Top k"], greedy(max_tokens=16, ignore_eos=True), use_tqdm=False)
-    k1 = demo_llm.generate(["Top k"], SamplingParams(max_tokens=16, temperature=1.3, top_k=1,
-                                                     ignore_eos=True), use_tqdm=False)
+    k1 = demo_llm.generate(
+        ["Top k"],
+        SamplingParams(max_tokens=16, temperature=1.3, top_k=1, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert g[0].outputs[0].token_ids == k1[0].outputs[0].token_ids
 
 

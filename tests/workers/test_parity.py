@@ -12,8 +12,32 @@ from tests.workers.parity import assert_greedy_match
 from workers import LLM, SamplingParams
 
 # 24 prompt lengths from 1 to 300, around block (16) boundaries on purpose.
-LENGTHS = [1, 2, 3, 5, 8, 13, 15, 16, 17, 31, 32, 33, 47, 64, 65, 100, 127, 128, 129, 160,
-           200, 255, 257, 300]
+LENGTHS = [
+    1,
+    2,
+    3,
+    5,
+    8,
+    13,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    47,
+    64,
+    65,
+    100,
+    127,
+    128,
+    129,
+    160,
+    200,
+    255,
+    257,
+    300,
+]
 MAX_TOKENS = 12
 
 

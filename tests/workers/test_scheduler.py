@@ -54,8 +54,9 @@ def test_preemption_keeps_outputs_identical(demo_dir) -> None:
 
 def test_seeded_sampling_survives_preemption(demo_dir) -> None:
     prompts = [_ids(60, 30 + i) for i in range(10)]
-    params = [SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True)
-              for i in range(10)]
+    params = [
+        SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True) for i in range(10)
+    ]
     ample = _run(LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20), prompts, params)
     tight = LLM(str(demo_dir), kv_cache_memory_bytes=20 * 65536)
     assert _run(tight, prompts, params) == ample
@@ -80,9 +81,12 @@ def test_chunked_prefill_identical(demo_dir) -> None:
 
 def test_abort_at_random_points_frees_everything(demo_dir) -> None:
     prompts = [_ids(5 + (i * 37) % 200, 100 + i) for i in range(100)]
-    params = [SamplingParams(max_tokens=4 + i % 20, temperature=0.0, ignore_eos=True)
-              for i in range(100)]
-    args = EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=8 << 20, max_num_batched_tokens=256)
+    params = [
+        SamplingParams(max_tokens=4 + i % 20, temperature=0.0, ignore_eos=True) for i in range(100)
+    ]
+    args = EngineArgs(
+        model=str(demo_dir), kv_cache_memory_bytes=8 << 20, max_num_batched_tokens=256
+    )
     ref_engine = LLMEngine.from_args(args)
     ref = {}
     for i in range(100):
@@ -130,8 +134,11 @@ def test_long_prompt_does_not_starve_decodes(demo_dir) -> None:
     engine.add_request("long", _ids(2000, 99), SamplingParams(max_tokens=4, ignore_eos=True))
     steps_with_long_prefill = 0
     while "long" in engine.requests and engine.seqs["long#0"].num_computed_tokens < 2000:
-        before = {f"d{i}": engine.seqs[f"d{i}#0"].num_output_tokens for i in range(8)
-                  if f"d{i}#0" in engine.seqs}
+        before = {
+            f"d{i}": engine.seqs[f"d{i}#0"].num_output_tokens
+            for i in range(8)
+            if f"d{i}#0" in engine.seqs
+        }
         engine.step()
         steps_with_long_prefill += 1
         for sid, n in before.items():

@@ -59,11 +59,16 @@ def test_tp2_with_prefix_caching_chunking_and_preemption(demo_dir) -> None:
     prefix = _prompts(2, (64,))[0]
     prompts = [prefix + p for p in _prompts(3, (5, 60, 120, 150, 9, 33, 70, 100))]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    ref = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20).generate(prompts, params,
-                                                                      use_tqdm=False)
+    ref = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20).generate(
+        prompts, params, use_tqdm=False
+    )
     # 32 KiB per block per rank for the demo model at TP=2: 20 blocks force preemption.
-    llm = LLM(str(demo_dir), tensor_parallel_size=2, kv_cache_memory_bytes=20 * 32768,
-              max_num_batched_tokens=64)
+    llm = LLM(
+        str(demo_dir),
+        tensor_parallel_size=2,
+        kv_cache_memory_bytes=20 * 32768,
+        max_num_batched_tokens=64,
+    )
     try:
         out = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats()
@@ -75,8 +80,14 @@ def test_tp2_with_prefix_caching_chunking_and_preemption(demo_dir) -> None:
 
 
 def test_killing_a_rank_fails_every_request_quickly(demo_dir) -> None:
-    eng = AsyncEngine(EngineArgs(model=str(demo_dir), tensor_parallel_size=2,
-                                 kv_cache_memory_bytes=16 << 20, step_timeout_s=10))
+    eng = AsyncEngine(
+        EngineArgs(
+            model=str(demo_dir),
+            tensor_parallel_size=2,
+            kv_cache_memory_bytes=16 << 20,
+            step_timeout_s=10,
+        )
+    )
     params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
 
     async def stream(i: int) -> int:
@@ -103,6 +114,9 @@ def test_killing_a_rank_fails_every_request_quickly(demo_dir) -> None:
 
 
 def test_tp3_on_four_heads_is_a_clear_startup_error(checkpoints) -> None:
-    with pytest.raises(ValueError, match=r"num_attention_heads \(4\) is not divisible by "
-                                         r"tensor_parallel_size \(3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_attention_heads \(4\) is not divisible by "
+        r"tensor_parallel_size \(3\)",
+    ):
         LLM(str(checkpoints["llama"]), tensor_parallel_size=3)

@@ -44,9 +44,12 @@ TP1 = "kvray-tp1"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--model", default=None,
-      help="HF checkpoint directory (default: the built-in demo model), or random:qwen3-100m / "
-      "random:qwen3-0.6b for a seeded random-weight checkpoint of that shape")
+    a(
+        "--model",
+        default=None,
+        help="HF checkpoint directory (default: the built-in demo model), or random:qwen3-100m / "
+        "random:qwen3-0.6b for a seeded random-weight checkpoint of that shape",
+    )
     a("--backend", choices=BACKENDS, default="kvray", help="backend to time (default: kvray)")
     a("--compare", action="store_true", help="run every backend on the same workload; print ratios")
     a("--workload", choices=("default", "shared-prefix"), default="default")
@@ -83,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if args.model and args.model.startswith("random:"):
         from cluster.random_model import random_model_dir
 
-        model_dir = random_model_dir(args.model.split(":", 1)[1],
-                                     dtype="float32" if _default_device() == "cpu" else "bfloat16")
+        model_dir = random_model_dir(
+            args.model.split(":", 1)[1],
+            dtype="float32" if _default_device() == "cpu" else "bfloat16",
+        )
     else:
         model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)

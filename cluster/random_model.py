@@ -36,17 +36,32 @@ def random_model_dir(name: str, dtype: str = "bfloat16", cache_root: Path | None
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     demo = demo_model_dir()
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "generation_config.json"):
+    for f in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    ):
         if (demo / f).is_file():
             shutil.copy(demo / f, tmp / f)
     hidden, layers, heads, kv, head_dim, inter, vocab = PRESETS[name]
     config: dict[str, Any] = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
-        "head_dim": head_dim, "intermediate_size": inter, "vocab_size": vocab,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 4096,
-        "tie_word_embeddings": True, "torch_dtype": dtype, "eos_token_id": 2, "bos_token_id": 0,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "intermediate_size": inter,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "torch_dtype": dtype,
+        "eos_token_id": 2,
+        "bos_token_id": 0,
     }
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     _write_weights(tmp / "model.safetensors", config, dtype)
@@ -67,20 +82,25 @@ def _write_weights(path: Path, c: dict[str, Any], dtype: str) -> None:
     def rnd(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.02).to(dt)
 
-    w = {"model.embed_tokens.weight": rnd(c["vocab_size"], h), "model.norm.weight": torch.ones(h, dtype=dt)}
+    w = {
+        "model.embed_tokens.weight": rnd(c["vocab_size"], h),
+        "model.norm.weight": torch.ones(h, dtype=dt),
+    }
     for i in tqdm(range(c["num_hidden_layers"]), desc="writing random weights", leave=False):
         p = f"model.layers.{i}."
-        w.update({
-            p + "input_layernorm.weight": torch.ones(h, dtype=dt),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=dt),
-            p + "self_attn.q_proj.weight": rnd(q, h),
-            p + "self_attn.k_proj.weight": rnd(kv, h),
-            p + "self_attn.v_proj.weight": rnd(kv, h),
-            p + "self_attn.o_proj.weight": rnd(h, q),
-            p + "self_attn.q_norm.weight": torch.ones(hd, dtype=dt),
-            p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dt),
-            p + "mlp.gate_proj.weight": rnd(inter, h),
-            p + "mlp.up_proj.weight": rnd(inter, h),
-            p + "mlp.down_proj.weight": rnd(h, inter),
-        })
+        w.update(
+            {
+                p + "input_layernorm.weight": torch.ones(h, dtype=dt),
+                p + "post_attention_layernorm.weight": torch.ones(h, dtype=dt),
+                p + "self_attn.q_proj.weight": rnd(q, h),
+                p + "self_attn.k_proj.weight": rnd(kv, h),
+                p + "self_attn.v_proj.weight": rnd(kv, h),
+                p + "self_attn.o_proj.weight": rnd(h, q),
+                p + "self_attn.q_norm.weight": torch.ones(hd, dtype=dt),
+                p + "self_attn.k_norm.weight": torch.ones(hd, dtype=dt),
+                p + "mlp.gate_proj.weight": rnd(inter, h),
+                p + "mlp.up_proj.weight": rnd(inter, h),
+                p + "mlp.down_proj.weight": rnd(h, inter),
+            }
+        )
     save_file(w, str(path))

@@ -172,7 +172,7 @@ class BlockManager:
         for b in self.blocks:
             assert b.ref_count >= 0, f"negative ref count on block {b.block_id}"
             assert (b.ref_count == 0) == (b.block_id in self.free_queue), (
-                f"block {b.block_id}: ref {b.ref_count}, in free queue {b.block_id in self.free_queue}"
+                f"block {b.block_id}: ref {b.ref_count}, free {b.block_id in self.free_queue}"
             )
         for h, bid in self.cached.items():
             b = self.blocks[bid]

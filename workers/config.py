@@ -29,7 +29,7 @@ class RopeConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> RopeConfig:
-        """Reads both spellings: new `rope_parameters` and old top-level `rope_theta`/`rope_scaling`."""
+        """Reads both spellings: `rope_parameters` (new) and `rope_theta`/`rope_scaling` (old)."""
         params = cfg.get("rope_parameters")
         if params is None:
             params = dict(cfg.get("rope_scaling") or {})
@@ -39,7 +39,8 @@ class RopeConfig:
         rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
-                f"rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+                f"rope type {rope_type!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
         return RopeConfig(
             theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),

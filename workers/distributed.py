@@ -45,7 +45,9 @@ class TPGroup:
     def shard(self, total: int, what: str) -> tuple[int, int]:
         """(start, size) of this rank's contiguous slice of `total` items."""
         if total % self.size:
-            raise ValueError(f"{what} ({total}) is not divisible by tensor_parallel_size ({self.size})")
+            raise ValueError(
+                f"{what} ({total}) is not divisible by tensor_parallel_size ({self.size})"
+            )
         per = total // self.size
         return self.rank * per, per
 

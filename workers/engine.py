@@ -17,7 +17,7 @@ from workers.output_processor import (
     process_token,
 )
 from workers.outputs import RequestMetrics, RequestOutput
-from workers.request import Sequence, SeqStatus
+from workers.request import SeqStatus, Sequence
 from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
 from workers.stats import EngineStats
@@ -44,8 +44,9 @@ class Request:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: bool = False,
-                 executor: Executor | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, progress: bool = False, executor: Executor | None = None
+    ) -> None:
         from workers.tokenizer import Tokenizer
 
         self.config = config
@@ -58,7 +59,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Sequence] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
-        self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(self.tokenizer.eos_token_ids)
+        self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
+            self.tokenizer.eos_token_ids
+        )
         self.vocab_size = config.model.vocab_size
         self.num_steps = 0
         self.prompt_tokens = 0
@@ -67,9 +70,12 @@ class LLMEngine:
         self.step_token_counts: deque[int] = deque(maxlen=4096)
         log.info(
             "engine ready: %s, %d KV blocks of %d tokens (%d tokens), max_model_len %d, device %s",
-            config.served_model_name, self.block_manager.num_blocks, config.cache.block_size,
+            config.served_model_name,
+            self.block_manager.num_blocks,
+            config.cache.block_size,
             self.block_manager.num_blocks * config.cache.block_size,
-            config.scheduler.max_model_len, config.device_type,
+            config.scheduler.max_model_len,
+            config.device_type,
         )
 
     @classmethod
@@ -97,8 +103,12 @@ class LLMEngine:
         return None, ids
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        stream: bool = False, arrival_time: float | None = None,
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        stream: bool = False,
+        arrival_time: float | None = None,
     ) -> Request:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -125,8 +135,13 @@ class LLMEngine:
         for i in range(params.n):
             p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
             seq = Sequence(
-                seq_id=f"{request_id}#{i}", request_id=request_id, index=i,
-                prompt_token_ids=ids, params=p, arrival_time=now, prompt=text,
+                seq_id=f"{request_id}#{i}",
+                request_id=request_id,
+                index=i,
+                prompt_token_ids=ids,
+                params=p,
+                arrival_time=now,
+                prompt=text,
             )
             seq.out = new_output_state(seq, self.tokenizer)
             if i and self.config.cache.enable_prefix_caching:
@@ -198,14 +213,26 @@ class LLMEngine:
         for seq, n in scheduled:
             if not seq.on_workers:
                 step.new.append(
-                    NewSeq(seq.seq_id, seq.prompt_token_ids, list(seq.token_ids), seq.params,
-                           list(seq.block_ids), seq.num_computed_tokens, n)
+                    NewSeq(
+                        seq.seq_id,
+                        seq.prompt_token_ids,
+                        list(seq.token_ids),
+                        seq.params,
+                        list(seq.block_ids),
+                        seq.num_computed_tokens,
+                        n,
+                    )
                 )
                 seq.on_workers = True
             else:
                 step.cached.append(
-                    CachedSeq(seq.seq_id, seq.token_ids[seq.sent_tokens :],
-                              seq.block_ids[seq.sent_blocks :], seq.num_computed_tokens, n)
+                    CachedSeq(
+                        seq.seq_id,
+                        seq.token_ids[seq.sent_tokens :],
+                        seq.block_ids[seq.sent_blocks :],
+                        seq.num_computed_tokens,
+                        n,
+                    )
                 )
             seq.sent_tokens = len(seq.token_ids)
             seq.sent_blocks = len(seq.block_ids)

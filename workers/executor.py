@@ -45,7 +45,9 @@ class InProcessExecutor:
         self.worker = None  # type: ignore[assignment]
 
 
-def create_executor(config: EngineConfig, progress: bool = False, use_ray: bool | None = None) -> Executor:
+def create_executor(
+    config: EngineConfig, progress: bool = False, use_ray: bool | None = None
+) -> Executor:
     if use_ray is None:
         use_ray = config.parallel.tensor_parallel_size > 1
     if not use_ray:

@@ -28,11 +28,18 @@ class LLM:
         **kwargs,
     ) -> None:
         args = EngineArgs(
-            model=model, tensor_parallel_size=tensor_parallel_size, dtype=dtype,
-            max_model_len=max_model_len, block_size=block_size,
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
-            kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, seed=seed, device=device, **kwargs,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            seed=seed,
+            device=device,
+            **kwargs,
         )
         self.engine = LLMEngine.from_args(args, progress=True)
         self._ids = itertools.count()

@@ -64,7 +64,9 @@ class _Target:
         if self.row_offset is not None:
             dst = dst[self.row_offset : self.row_offset + t.shape[0]]
         if dst.shape != t.shape:
-            raise ValueError(f"shape mismatch: checkpoint {tuple(t.shape)} vs model {tuple(dst.shape)}")
+            raise ValueError(
+                f"shape mismatch: checkpoint {tuple(t.shape)} vs model {tuple(dst.shape)}"
+            )
         dst.copy_(t.to(dst.dtype))
 
 
@@ -127,7 +129,9 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, object]]:
                 yield name, fh.get_slice(name)
 
 
-def load_weights(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup, progress: bool = False) -> None:
+def load_weights(
+    model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup, progress: bool = False
+) -> None:
     targets = _targets(model, c, tp)
     files = checkpoint_files(Path(c.path))
     seen: set[str] = set()

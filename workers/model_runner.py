@@ -51,7 +51,6 @@ def prepare_inputs(
     """`cpu_kernel`: the loaded CPU decode-attention kernel, or None for the torch path."""
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
-    ordered = decodes + prefills
     bs = block_size
 
     ids: list[int] = []

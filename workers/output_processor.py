@@ -24,7 +24,10 @@ def new_output_state(seq: Sequence, tokenizer) -> SeqOutputState:  # noqa: ANN00
     eos = () if p.ignore_eos else p.eos_token_ids
     return SeqOutputState(
         text=OutputText(
-            tokenizer, seq.prompt_token_ids, p.skip_special_tokens, p.stop or (),
+            tokenizer,
+            seq.prompt_token_ids,
+            p.skip_special_tokens,
+            p.stop or (),
             p.include_stop_str_in_output,
         ),
         stop_ids=frozenset(p.stop_token_ids or ()) | frozenset(eos),

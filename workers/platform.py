@@ -37,7 +37,7 @@ class Platform:
         return torch.device("cuda", local_index) if self.is_cuda else torch.device("cpu")
 
     def resolve_dtype(self, dtype: str | torch.dtype, checkpoint_dtype: torch.dtype) -> torch.dtype:
-        """`auto` follows the checkpoint on CUDA (fp32 checkpoints run as bf16) and is fp32 on CPU."""
+        """`auto`: the checkpoint's dtype on CUDA (fp32 checkpoints run as bf16); fp32 on CPU."""
         if isinstance(dtype, torch.dtype):
             return dtype
         if dtype == "auto":
@@ -45,9 +45,14 @@ class Platform:
                 return torch.float32
             return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
         table = {
-            "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "float": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+            "half": torch.float16,
         }
         if dtype not in table:
             raise ValueError(f"dtype must be one of auto, {', '.join(table)}; got {dtype!r}")

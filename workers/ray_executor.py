@@ -132,13 +132,18 @@ class RayExecutor:
             master = self._get([self.actors[0].address.remote()], "start-up", startup)[0]
             blocks = self._get([a.init.remote(master) for a in self.actors], "start-up", startup)
             self.num_blocks = min(blocks)
-            self._get([a.init_kv_cache.remote(self.num_blocks) for a in self.actors], "start-up",
-                      startup)
+            self._get(
+                [a.init_kv_cache.remote(self.num_blocks) for a in self.actors], "start-up", startup
+            )
         except BaseException:
             self.shutdown()
             raise
-        log.info("TP group of %d ranks ready in %.1fs (%s)", self.size, time.perf_counter() - t0,
-                 "cuda/nccl" if gpu else "cpu/gloo")
+        log.info(
+            "TP group of %d ranks ready in %.1fs (%s)",
+            self.size,
+            time.perf_counter() - t0,
+            "cuda/nccl" if gpu else "cpu/gloo",
+        )
 
     def _get(self, refs: list, what: str, timeout: float | None = None) -> list:
         timeout = timeout or self.timeout
@@ -147,7 +152,9 @@ class RayExecutor:
         except ray.exceptions.GetTimeoutError:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             ranks = [i for i, r in enumerate(refs) if r not in done]
-            raise self._fail(f"{what}: rank(s) {ranks} did not finish within {timeout:.0f}s")
+            raise self._fail(
+                f"{what}: rank(s) {ranks} did not finish within {timeout:.0f}s"
+            ) from None
         except ray.exceptions.RayActorError as e:
             raise self._fail(f"{what}: rank {self._which(refs)} died ({type(e).__name__})") from e
         except ray.exceptions.RayTaskError as e:

@@ -11,7 +11,7 @@ MAX_LOGPROBS = 20
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling and stopping options. Invalid values raise ValueError naming the field."""
+    """Per-request sampling and stopping options; bad values raise ValueError naming the field."""
 
     n: int = 1
     max_tokens: int | None = 16
@@ -63,7 +63,9 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            raise bad(
+                "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            )
         if not _is_num(self.temperature) or self.temperature < 0:
             raise bad("temperature", f"must be >= 0, got {self.temperature!r}")
         if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
@@ -89,7 +91,9 @@ class SamplingParams:
         if self.logprobs is not None and (
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
-            raise bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+            raise bad(
+                "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
 
 
 def _is_int(v: object) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
 from workers.config import SchedulerConfig
-from workers.request import Sequence, SeqStatus
+from workers.request import SeqStatus, Sequence
 
 
 @dataclass

@@ -32,8 +32,9 @@ def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, tp: TPGroup, device: torch.device,
-                 progress: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, tp: TPGroup, device: torch.device, progress: bool = False
+    ) -> None:
         self.config = config
         self.tp = tp
         self.device = device
@@ -49,8 +50,11 @@ class Worker:
         self.model.eval()
         log.info(
             "rank %d/%d: loaded %s (%.1f M params on this rank) in %.2fs",
-            tp.rank, tp.size, config.model.architecture,
-            sum(p.numel() for p in self.model.parameters()) / 1e6, time.perf_counter() - t0,
+            tp.rank,
+            tp.size,
+            config.model.architecture,
+            sum(p.numel() for p in self.model.parameters()) / 1e6,
+            time.perf_counter() - t0,
         )
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.steps = 0
@@ -107,8 +111,13 @@ class Worker:
         order: list[SeqState] = []
         for n in step.new:
             s = SeqState(
-                n.seq_id, len(n.prompt_token_ids), list(n.token_ids), n.params, list(n.block_ids),
-                n.num_computed_tokens, n.num_scheduled,
+                n.seq_id,
+                len(n.prompt_token_ids),
+                list(n.token_ids),
+                n.params,
+                list(n.block_ids),
+                n.num_computed_tokens,
+                n.num_scheduled,
             )
             states[n.seq_id] = s
             order.append(s)
@@ -125,8 +134,11 @@ class Worker:
 
     def timing(self) -> dict[str, float]:
         """Cumulative: steps run, seconds inside execute(), seconds inside collectives."""
-        return {"steps": self.steps, "execute_s": self.execute_s,
-                "collective_s": self.tp.stats.seconds}
+        return {
+            "steps": self.steps,
+            "execute_s": self.execute_s,
+            "collective_s": self.tp.stats.seconds,
+        }
 
     def execute(self, step: StepInput) -> StepOutput | None:
         t0 = time.perf_counter()

@@ -23,13 +23,21 @@ def test_cuda_greedy_matches_transformers(kind: str, tmp_path) -> None:
     llm = LLM(str(path), dtype="float32", device="cuda")
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False
+    )
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     for prompt, out in zip(prompts, outs, strict=True):
         ids = torch.tensor([prompt], device="cuda")
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                          do_sample=False, eos_token_id=hf.config.vocab_size, pad_token_id=0)
-        assert_greedy_match(hf.cpu(), prompt, out.outputs[0].token_ids,
-                            ref[0, len(prompt):].tolist())
+        ref = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=hf.config.vocab_size,
+            pad_token_id=0,
+        )
+        assert_greedy_match(
+            hf.cpu(), prompt, out.outputs[0].token_ids, ref[0, len(prompt) :].tolist()
+        )
         hf.cuda()

@@ -70,8 +70,13 @@ class PagedAttention(nn.Module):
         d = meta.num_decodes
         if d and meta.cpu_kernel is not None:
             out[:d] = paged_decode_attention_cpu(
-                meta.cpu_kernel, q[:d], k_cache, v_cache, meta.decode_block_tables,
-                meta.decode_lens, self.scale,
+                meta.cpu_kernel,
+                q[:d],
+                k_cache,
+                v_cache,
+                meta.decode_block_tables,
+                meta.decode_lens,
+                self.scale,
             )
         elif d:
             tables = meta.decode_block_tables
@@ -91,7 +96,12 @@ class PagedAttention(nn.Module):
                 kp = k_flat[p.context_slots].transpose(0, 1)  # [KH, ctx, Dh]
                 vp = v_flat[p.context_slots].transpose(0, 1)
             o = F.scaled_dot_product_attention(
-                qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None, scale=self.scale,
+                qp,
+                kp,
+                vp,
+                attn_mask=p.mask,
+                is_causal=p.mask is None,
+                scale=self.scale,
                 enable_gqa=self.gqa,
             )
             out[sl] = o.transpose(0, 1)

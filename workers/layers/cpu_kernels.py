@@ -44,19 +44,22 @@ def _build() -> ctypes.CDLL | None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
-            proc = subprocess.run([cc, *flags, str(_SRC), "-o", str(tmp_out), "-lm"],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [cc, *flags, str(_SRC), "-o", str(tmp_out), "-lm"], capture_output=True, text=True
+            )
             if proc.returncode != 0:
-                log.warning("building the CPU attention kernel failed; using torch-native "
-                            "attention:\n%s", proc.stderr[-2000:])
+                log.warning(
+                    "building the CPU attention kernel failed; using torch-native attention:\n%s",
+                    proc.stderr[-2000:],
+                )
                 return None
             os.replace(tmp_out, out)  # atomic: concurrent builders are safe
         log.info("built CPU paged attention kernel: %s", out)
     lib = ctypes.CDLL(str(out))
     lib.paged_decode_attention.restype = None
-    lib.paged_decode_attention.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 7 + [
-        ctypes.c_float
-    ]
+    lib.paged_decode_attention.argtypes = (
+        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+    )
     return lib
 
 
@@ -71,8 +74,13 @@ def kernel() -> ctypes.CDLL | None:
 
 
 def paged_decode_attention_cpu(
-    lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    tables: torch.Tensor, lens: torch.Tensor, scale: float,
+    lib: ctypes.CDLL,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     d, h, dh = q.shape
     _, bs, kh, _ = k_cache.shape
@@ -82,8 +90,20 @@ def paged_decode_attention_cpu(
     out = torch.empty_like(q)
     scratch = torch.empty(d * h * max_len, dtype=torch.float32)
     lib.paged_decode_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-        lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), d, h, kh, dh, bs, max_blocks,
-        max_len, scale,
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        lens.data_ptr(),
+        out.data_ptr(),
+        scratch.data_ptr(),
+        d,
+        h,
+        kh,
+        dh,
+        bs,
+        max_blocks,
+        max_len,
+        scale,
     )
     return out

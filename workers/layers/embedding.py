@@ -20,7 +20,9 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.per_rank = padded_vocab(vocab_size, tp) // tp.size
         self.start = tp.rank * self.per_rank
-        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.zeros(self.per_rank, hidden, dtype=dtype), requires_grad=False
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -35,8 +37,14 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(nn.Module):
     """Logits for the selected positions; gathered so every rank sees the full vocabulary."""
 
-    def __init__(self, embedding: VocabParallelEmbedding | None, vocab_size: int, hidden: int,
-                 tp: TPGroup, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        embedding: VocabParallelEmbedding | None,
+        vocab_size: int,
+        hidden: int,
+        tp: TPGroup,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
         self.tp = tp
         self.vocab_size = vocab_size
@@ -44,7 +52,9 @@ class ParallelLMHead(nn.Module):
             self.weight = embedding.weight
         else:
             per_rank = padded_vocab(vocab_size, tp) // tp.size
-            self.weight = nn.Parameter(torch.zeros(per_rank, hidden, dtype=dtype), requires_grad=False)
+            self.weight = nn.Parameter(
+                torch.zeros(per_rank, hidden, dtype=dtype), requires_grad=False
+            )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = nn.functional.linear(hidden, self.weight)

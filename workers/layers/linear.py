@@ -40,7 +40,11 @@ class RowParallelLinear(nn.Module):
     """y = all_reduce(x[:, cols of this rank] @ W[:, cols].T) + b."""
 
     def __init__(
-        self, in_features_per_rank: int, out_features: int, bias: bool, tp: TPGroup,
+        self,
+        in_features_per_rank: int,
+        out_features: int,
+        bias: bool,
+        tp: TPGroup,
         dtype: torch.dtype,
     ) -> None:
         super().__init__()

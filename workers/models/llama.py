@@ -117,8 +117,11 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c, tp, dtype, rotary) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.lm_head = ParallelLMHead(
-            self.embed_tokens if c.tie_word_embeddings else None, c.vocab_size, c.hidden_size,
-            tp, dtype,
+            self.embed_tokens if c.tie_word_embeddings else None,
+            c.vocab_size,
+            c.hidden_size,
+            tp,
+            dtype,
         )
 
     def forward(

@@ -42,13 +42,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvray serve: {err}", file=sys.stderr)
         return 2
     api_key = api_key_from(args)
-    stop = _install_signal_handlers()
     try:
         start(config, args, api_key)
     except Exception as err:
         logger.error("could not start kvray: %s", err)
         _shutdown(args.address)
         return 1
+    # After ray.init, which installs its own SIGTERM handler (exit at once) in drivers.
+    stop = _install_signal_handlers()
     print(banner(config, args, api_key is not None), flush=True)
     while not stop.wait(1.0):
         pass

@@ -7,6 +7,8 @@ Only the driver rank (0) samples; every rank runs the forward pass in lockstep.
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import time
 
 import torch
@@ -41,6 +43,7 @@ class Worker:
         self.is_driver = tp.rank == 0
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
+        rss_before, anon_before = _rss_bytes(), _anon_rss_bytes()
         torch.manual_seed(config.seed)
         with torch.device(device):
             self.model = build_model(
@@ -48,6 +51,9 @@ class Worker:
             )
         load_weights(self.model, config.model, tp, progress=progress)
         self.model.eval()
+        # Peak host memory the load added (sharded loading keeps it near one shard).
+        self.load_peak_rss_bytes = max(0, _peak_rss_bytes() - rss_before)
+        self.load_anon_bytes = max(0, _anon_rss_bytes() - anon_before)
         log.info(
             "rank %d/%d: loaded %s (%.1f M params on this rank) in %.2fs",
             tp.rank,
@@ -138,6 +144,9 @@ class Worker:
             "steps": self.steps,
             "execute_s": self.execute_s,
             "collective_s": self.tp.stats.seconds,
+            "load_peak_rss_bytes": self.load_peak_rss_bytes,
+            "load_anon_bytes": self.load_anon_bytes,
+            "param_bytes": self.param_bytes(),
         }
 
     def execute(self, step: StepInput) -> StepOutput | None:
@@ -180,3 +189,22 @@ class Worker:
         out = self.sampler(logits.float(), batch)
         logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
         return StepOutput(ids, out.token_ids.tolist(), logprobs)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _anon_rss_bytes() -> int:
+    """Private (anonymous) resident memory: what loading really costs the host; the
+    memory-mapped checkpoint pages it touches are page cache, shared and reclaimable."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

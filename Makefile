@@ -36,9 +36,13 @@ format: install
 
 # One torch thread per process: tests start Ray actors and servers beside the test process
 # on small machines, where OpenMP spin-waiting across processes costs more than it gains.
+# Three pytest runs, one Ray instance each: the cluster tests share one session-wide Ray
+# cluster, which must not be alive when other modules start their own.
 test: install lint
 	bash monitoring/install_prometheus.sh
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/workers tests/helm tests/test_checkpoints.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/monitoring
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/cluster
 
 bench: install
 	$(VENV)/bin/kvray bench throughput --compare

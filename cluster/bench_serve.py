@@ -39,7 +39,7 @@ from cluster.bench_common import (
     write_result_json,
 )
 from cluster.bench_serve_backends import BACKENDS, BackendContext, RequestRecord, open_backend
-from cluster.config import ROUTERS
+from cluster.config import ROUTERS, ServeConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prefix-len", type=int, default=96, help="shared-prefix: tokens of each tenant's prefix")
     a("--seed", type=int, default=0)
     a("--warmup-requests", type=int, default=4)
+    a(
+        "--inprocess-threads",
+        type=int,
+        default=1,
+        help="inprocess: torch threads; default 1 = what Ray gives a CPU replica (OMP_NUM_THREADS "
+        "= its reserved CPUs), so both run the same engine; 0 = torch's default",
+    )
     a("--result-json", default=None, metavar="FILE")
     g = parser.add_argument_group("--launch: a local kvray app to benchmark")
     g.add_argument("--launch", action="store_true", help="start local Ray + the kvray app")
@@ -70,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma list of {', '.join(ROUTERS)}: one launched app each",
     )
     g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--stream-interval-ms", type=int, default=ServeConfig().stream_interval_ms)
     g.add_argument("--kv-cache-memory", type=parse_size, default=None)
 
 
@@ -223,6 +231,7 @@ async def _run_all(
         grpc_address=args.grpc_address,
         api_key=args.api_key,
         engine_kwargs=engine_kwargs,
+        torch_threads=args.inprocess_threads,
     )
     summaries = []
     if "inprocess" in backends:
@@ -287,8 +296,10 @@ class LocalCluster:
         from ray import serve
 
         from cluster.grpc_api import grpc_options
+        from cluster.serve_env import apply_serve_env
 
         self.http_port, self.grpc_port = _free_port(), _free_port()
+        apply_serve_env()  # as `kvray serve` runs it
         ray.init(
             address="local",  # a new instance, never one another `ray start` left running
             num_cpus=max(4, self._args.num_replicas + 2),
@@ -307,13 +318,13 @@ class LocalCluster:
         from ray import serve
 
         from cluster.app import build_app
-        from cluster.config import ServeConfig
 
         config = ServeConfig(
             model=self._args.model,
             num_replicas=self._args.num_replicas,
             request_router=router,
             max_num_seqs=self._args.max_num_seqs,
+            stream_interval_ms=self._args.stream_interval_ms,
             kv_cache_memory_bytes=self._args.kv_cache_memory,
             # A benchmark measures latency under load; it must not be turned away with 429s.
             max_queued_requests=self._max_queued,

@@ -45,6 +45,7 @@ class BackendContext:
     grpc_address: str | None = None  # grpc: HOST:PORT
     api_key: str | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # inprocess EngineArgs extras
+    torch_threads: int = 0  # inprocess: torch intra-op threads (0: torch's default)
 
 
 class Backend(Protocol):
@@ -160,6 +161,10 @@ class InProcessBackend:
 
         from workers import AsyncEngine, EngineArgs
 
+        if ctx.torch_threads:
+            import torch
+
+            torch.set_num_threads(ctx.torch_threads)
         args = EngineArgs(model=ctx.model_dir, **ctx.engine_kwargs)
         return InProcessBackend(await asyncio.to_thread(AsyncEngine, args))
 

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from cluster.coalesce import coalesced
 from cluster.config import ServeConfig
 from cluster.errors import (
     EngineDeadError,
@@ -68,8 +69,14 @@ class LLMServer:
         self._replica = _replica_name()
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
+        import torch
+
+        # Ray sets OMP_NUM_THREADS to the CPUs reserved for this replica: CPU compute uses them.
         logger.info(
-            "LLMServer ready: model=%s max_model_len=%d", self._model_name, self.max_model_len
+            "LLMServer ready: model=%s max_model_len=%d torch_threads=%d",
+            self._model_name,
+            self.max_model_len,
+            torch.get_num_threads(),
         )
 
     @property
@@ -95,7 +102,11 @@ class LLMServer:
         waiting = True
         finished = False
         try:
-            stream = self._engine.generate(prompt, params, request_id)
+            # Outputs that pile up while Serve ships the previous one travel as one message.
+            stream = coalesced(
+                self._engine.generate(prompt, params, request_id),
+                self._config.stream_interval_ms / 1000,
+            )
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     if waiting:

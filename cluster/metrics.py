@@ -60,6 +60,12 @@ ITERATION_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(18
 ROUTING_DECISIONS = ("affinity", "load", "fallback")
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queue_full", "unauthenticated")
+# Answers the alert rules compute ratios from (success, overload, server error), per protocol:
+# HTTP status codes and gRPC status names.
+ALERTING_CODES = {
+    "http": ("200", "429", "500", "503"),
+    "grpc": ("OK", "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE"),
+}
 
 
 def _zero(counter: Any, tags: dict[str, str]) -> None:
@@ -255,6 +261,9 @@ class RouterMetrics:
             _zero(self._routing, {"decision": decision})
         for reason in REJECT_REASONS:
             _zero(self._rejected, {"reason": reason})
+        for protocol, codes in ALERTING_CODES.items():
+            for code in codes:
+                _zero(self._requests, {"protocol": protocol, "code": code})
 
     def request(self, protocol: str, code: str) -> None:
         self._requests.inc(tags={"protocol": protocol, "code": str(code)})

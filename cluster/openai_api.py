@@ -26,6 +26,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.auth import ApiKeyAuth
+from cluster.coalesce import coalesced
 from cluster.config import ServeConfig
 from cluster.errors import (
     EngineDeadError,
@@ -135,13 +136,15 @@ class OpenAIIngress:
         """Starts one engine request per prompt and answers with JSON or an SSE stream."""
         many = len(prompts) > 1
         streams = [
-            self.generate(
-                {
-                    "request_id": f"{fmt.id}-{i}" if many else fmt.id,
-                    "prompt": ids,
-                    "params": params,
-                    "stream": stream,
-                }
+            coalesced(
+                self.generate(
+                    {
+                        "request_id": f"{fmt.id}-{i}" if many else fmt.id,
+                        "prompt": ids,
+                        "params": params,
+                        "stream": stream,
+                    }
+                )
             )
             for i, ids in enumerate(prompts)
         ]

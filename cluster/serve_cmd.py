@@ -19,6 +19,7 @@ from types import FrameType
 
 from cluster.config import ServeConfig
 from cluster.config_cmd import APP_NAME
+from cluster.serve_env import SERVE_ENV, apply_serve_env
 from cluster.serve_flags import add_serve_flags, api_key_from, config_from_flags
 
 logger = logging.getLogger("kvray.serve")
@@ -73,6 +74,10 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
         runtime_env = {"env_vars": {config.api_key_env: api_key}}
     if args.address:
         logger.info("joining the Ray cluster at %s", args.address)
+        logger.info(
+            "for the fast streaming path, start that cluster with these env vars: %s",
+            " ".join(f"{k}={v}" for k, v in SERVE_ENV.items()),
+        )
         ray.init(
             address=args.address, runtime_env=runtime_env or None, logging_level=logging.WARNING
         )
@@ -80,6 +85,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
         # Each engine replica reserves one CPU per TP rank; a small machine still runs them.
         replicas = config.max_replicas or config.min_replicas or config.num_replicas
         cpus = max(os.cpu_count() or 1, replicas * config.tensor_parallel_size + 1)
+        apply_serve_env()  # inherited by every process of the local Ray instance
         logger.info(
             "starting a local Ray instance (%d logical CPUs, metrics export port %d)",
             cpus,

@@ -143,6 +143,8 @@ def test_counters_exist_at_zero_before_anything_happens(exporter: Any) -> None:
         assert s.value("ray_kvray_router_routing_total", decision=decision) is not None
     for reason in ("queue_full", "unauthenticated"):
         assert s.value("ray_kvray_router_rejected_total", reason=reason) is not None
+    for protocol, code in (("http", "200"), ("http", "429"), ("grpc", "RESOURCE_EXHAUSTED")):
+        assert s.value("ray_kvray_router_requests_total", protocol=protocol, code=code) is not None
 
 
 def test_stats_set_gauges_and_advance_counters_by_delta(exporter: Any) -> None:

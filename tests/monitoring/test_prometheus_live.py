@@ -22,11 +22,11 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -48,6 +48,8 @@ from tests.monitoring.promkit import (
 )
 
 pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
 
 NUM_REPLICAS = 2
 # A family of prompts sharing a long prefix (several KV blocks) so the prefix cache has hits.
@@ -210,9 +212,22 @@ def load(stack: Stack) -> list[Served]:
         assert len(usage) == 1
         return Served(usage[0].prompt_tokens, usage[0].completion_tokens)
 
-    jobs = [(completion, i) for i in range(16)] + [(streamed_chat, i) for i in range(8)]
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        served = list(pool.map(lambda job: job[0](job[1]), jobs))
+    def run(jobs: list[tuple[Callable[[int], Served], int]]) -> list[Served]:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            return list(pool.map(lambda job: job[0](job[1]), jobs))
+
+    # Two waves. A histogram series is born at its first observation, so Prometheus must
+    # scrape the first wave before the second for rate() to see requests at all (what a
+    # fleet in steady state always shows).
+    served = run([(completion, i) for i in range(4)] + [(streamed_chat, i) for i in range(2)])
+    wait_for(
+        lambda: stack.scalar("sum(ray_kvray_time_to_first_token_seconds_count)"),
+        lambda v: v is not None and v >= len(served),
+        "the first wave in Prometheus",
+    )
+    served += run(
+        [(completion, i) for i in range(4, 16)] + [(streamed_chat, i) for i in range(2, 8)]
+    )
 
     # Client errors, so the error panels and the code label have something to show.
     with pytest.raises(openai.BadRequestError):
@@ -260,10 +275,20 @@ def test_engine_series_are_labelled_per_replica(stack: Stack, load: list[Served]
     assert healthy == NUM_REPLICAS
 
 
+def _settled(produce: Callable[[], T], expected: T, what: str) -> T:
+    """`produce()` once it equals `expected`, else its last value after the bound. Values
+    trail the load by Ray's export interval plus a scrape and a rule evaluation, and not all
+    series arrive in the same scrape."""
+    return wait_for(produce, lambda v: v == expected, what, timeout_s=60)
+
+
 def test_every_recording_rule_produces_a_number(stack: Stack, load: list[Served]) -> None:
     records = sorted({name for name, _ in rule_expressions() if not name[0].isupper()})
-    empty = [name for name in records if not _finite(stack.query(name))]
-    assert empty == []
+
+    def empty() -> list[str]:
+        return [name for name in records if not _finite(stack.query(name))]
+
+    assert _settled(empty, [], "every recording rule with a number") == []
 
 
 def test_every_rule_evaluates_without_error(stack: Stack, load: list[Served]) -> None:
@@ -279,18 +304,26 @@ def test_every_rule_evaluates_without_error(stack: Stack, load: list[Served]) ->
 def test_every_dashboard_query_returns_data(stack: Stack, load: list[Served]) -> None:
     # A window covering the whole load, as a person looking at the last minutes would see.
     queries = dashboard_queries(load_dashboard(), {"__rate_interval": "5m"})
-    dead = [(title, expr) for title, expr in queries if not _finite(stack.query(expr))]
-    assert dead == []
+
+    def dead() -> list[tuple[str, str]]:
+        return [(title, expr) for title, expr in queries if not _finite(stack.query(expr))]
+
+    assert _settled(dead, [], "every dashboard query with data") == []
 
 
 def test_token_counters_equal_the_api_usage_sums(stack: Stack, load: list[Served]) -> None:
     prompt = sum(s.prompt_tokens for s in load)
     completion = sum(s.completion_tokens for s in load)
-    assert stack.scalar("sum(ray_kvray_prompt_tokens_total)") == prompt
-    assert stack.scalar("sum(ray_kvray_generation_tokens_total)") == completion
-    assert stack.scalar("sum(ray_kvray_time_to_first_token_seconds_count)") == len(load)
-    assert stack.scalar("sum(ray_kvray_e2e_request_latency_seconds_count)") == len(load)
-    assert stack.scalar("sum(ray_kvray_request_success_total)") == len(load)
+    queries = (
+        "sum(ray_kvray_prompt_tokens_total)",
+        "sum(ray_kvray_generation_tokens_total)",
+        "sum(ray_kvray_time_to_first_token_seconds_count)",
+        "sum(ray_kvray_e2e_request_latency_seconds_count)",
+        "sum(ray_kvray_request_success_total)",
+    )
+    expected = (prompt, completion, len(load), len(load), len(load))
+    got = _settled(lambda: tuple(stack.scalar(q) for q in queries), expected, "token counters")
+    assert got == expected
     # The exporter itself agrees (no Prometheus arithmetic in between).
     s = scrape(stack.metrics_url)
     assert s.value("ray_kvray_prompt_tokens_total") == prompt
@@ -298,12 +331,18 @@ def test_token_counters_equal_the_api_usage_sums(stack: Stack, load: list[Served
 
 
 def test_router_counted_successes_and_client_errors(stack: Stack, load: list[Served]) -> None:
-    ok = stack.scalar('sum(ray_kvray_router_requests_total{protocol="http", code="200"})')
-    assert ok is not None and ok >= len(load)
-    assert stack.scalar('sum(ray_kvray_router_requests_total{code="400"})') == 1
-    assert stack.scalar('sum(ray_kvray_router_requests_total{code="404"})') == 1
-    hits = stack.scalar("sum(ray_kvray_prefix_cache_hits_total)")
-    assert hits is not None and hits > 0
+    def seen() -> tuple[object, ...]:
+        ok = stack.scalar('sum(ray_kvray_router_requests_total{protocol="http", code="200"})')
+        hits = stack.scalar("sum(ray_kvray_prefix_cache_hits_total)")
+        return (
+            (ok or 0) >= len(load),
+            stack.scalar('sum(ray_kvray_router_requests_total{code="400"})'),
+            stack.scalar('sum(ray_kvray_router_requests_total{code="404"})'),
+            (hits or 0) > 0,  # the shared prefix was found in the prefix cache
+        )
+
+    expected = (True, 1.0, 1.0, True)
+    assert _settled(seen, expected, "router counters and prefix-cache hits") == expected
 
 
 def test_gauges_return_to_zero_after_the_load(stack: Stack, load: list[Served]) -> None:

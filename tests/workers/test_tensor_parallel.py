@@ -20,7 +20,7 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprob
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():  # noqa: ANN201
-    ray.init(include_dashboard=False, num_cpus=4, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
     yield
     ray.shutdown()
 

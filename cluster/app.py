@@ -55,9 +55,11 @@ def uses_gpu(config: ServeConfig) -> bool:
 def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     """Deployment options of LLMServer: replicas, TP placement group, router, health."""
     gpu = uses_gpu(config)
-    # One bundle per TP rank, packed on one node; the replica actor itself sits in bundle 0
-    # (it runs rank 0), so its own resources must fit that bundle.
+    # One bundle per TP rank, packed on one node; the replica actor itself sits in bundle 0.
+    # TP = 1 runs the rank in the replica process, which then holds the GPU; TP > 1 runs every
+    # rank as a Ray actor in its bundle (workers/ray_executor.py), so the replica takes none.
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    replica_gpus = 1 if gpu and config.tensor_parallel_size == 1 else 0
     if config.request_router == "prefix_affinity":
         router = RequestRouterConfig(
             request_router_class=ROUTER_CLASS_PATH,
@@ -72,7 +74,7 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         # A burst that the replicas can take (max_ongoing_requests each) passes; admission
         # control proper is the replica's own waiting-queue cap (max_queued_requests).
         "max_queued_requests": config.max_ongoing_requests + config.max_queued_requests,
-        "ray_actor_options": {"num_cpus": 1, "num_gpus": 1 if gpu else 0},
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": replica_gpus},
         "placement_group_bundles": [dict(bundle) for _ in range(config.tensor_parallel_size)],
         "placement_group_strategy": "STRICT_PACK",
         "request_router_config": router,

@@ -40,6 +40,7 @@ from cluster.bench_common import (
 )
 from cluster.bench_serve_backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.config import ROUTERS, ServeConfig
+from cluster.serve_env import apply_serve_env
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         f"{workload.prompt_tokens} prompt + {workload.output_tokens} output tokens, "
         f"rate {args.request_rate}, max concurrency {args.max_concurrency}"
     )
+    if args.launch:
+        # As `kvray serve` runs it; before anything imports ray.serve in this process.
+        apply_serve_env()
     summaries = asyncio.run(_run_all(args, backends, routers, model_dir, workload, warmup))
     comparisons = compare(summaries)
     print()
@@ -296,10 +300,8 @@ class LocalCluster:
         from ray import serve
 
         from cluster.grpc_api import grpc_options
-        from cluster.serve_env import apply_serve_env
 
         self.http_port, self.grpc_port = _free_port(), _free_port()
-        apply_serve_env()  # as `kvray serve` runs it
         ray.init(
             address="local",  # a new instance, never one another `ray start` left running
             num_cpus=max(4, self._args.num_replicas + 2),

@@ -14,7 +14,7 @@ import sys
 _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("serve",), "cluster.serve_cmd", "serve a model over HTTP (OpenAI API) and gRPC on Ray"),
     (("generate",), "cluster.generate_cmd", "generate offline from a prompt, streaming to stdout"),
-    (("config",), "cluster.config_cmd", "write the Ray Serve config YAML that `serve deploy` takes"),
+    (("config",), "cluster.config_cmd", "write the Serve config YAML that `serve deploy` takes"),
     (("bench", "throughput"), "cluster.bench_throughput", "offline throughput vs transformers"),
     (("bench", "serve"), "cluster.bench_serve", "online latency/throughput against a server"),
 ]

@@ -6,6 +6,11 @@ ingresses (HTTP, gRPC) call it through a DeploymentHandle:
     gen = handle.options(stream=True).generate.remote(request)
     async for out in gen: ...                # workers.outputs.RequestOutput
 
+Running outputs carry only what changed (delta_text, delta_token_ids, delta_logprobs,
+finish_reason of samples that just finished); their cumulative fields (text, token_ids,
+logprobs, prompt_token_ids) are empty. The last output (finished=True) carries everything,
+metrics included.
+
 The request is a plain dict so both ingresses build it the same way:
 
     {"request_id": str,
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -44,7 +50,7 @@ if TYPE_CHECKING:
     from workers.outputs import RequestOutput
     from workers.stats import EngineStats
 
-logger = logging.getLogger("kvray.llm_server")
+logger = logging.getLogger("ray.serve.kvray.llm_server")
 
 # How often the replica pushes engine gauges and per-step token counts to Prometheus.
 STATS_INTERVAL_S = 1.0
@@ -100,7 +106,7 @@ class LLMServer:
             )
         self._queued += 1
         waiting = True
-        finished = False
+        finished = cancelled = False
         try:
             # Outputs that pile up while Serve ships the previous one travel as one message.
             stream = coalesced(
@@ -119,10 +125,15 @@ class LLMServer:
                         self._metrics.observe_finished(out)
                     elif not stream_deltas:
                         continue
+                    else:
+                        out = deltas_only(out)
                     yield out
         except ValueError as err:
             raise invalid_from_value_error(err, default_field="prompt") from None
-        except (KvrayError, asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit):
+            cancelled = True
+            raise
+        except KvrayError:
             raise
         except Exception as err:
             raise self._engine_error(err) from err
@@ -132,6 +143,8 @@ class LLMServer:
             if not finished:
                 # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
                 self._engine.abort(request_id)
+                if cancelled:
+                    self._metrics.observe_aborted()
 
     async def tokenize(self, request: dict[str, Any]) -> list[int]:
         """Token ids of {"prompt": str} or {"messages": [...], "add_generation_prompt": bool}."""
@@ -160,8 +173,6 @@ class LLMServer:
 
     async def replica_stats(self) -> dict[str, Any]:
         """EngineStats fields plus this replica's id and queue: for tests, benches, debugging."""
-        import dataclasses
-
         return {
             "replica": self._replica,
             "queued": self._queued,
@@ -243,6 +254,17 @@ class LLMServer:
             except Exception:  # metrics must never take the replica down
                 logger.exception("pushing engine stats failed")
             await asyncio.sleep(STATS_INTERVAL_S)
+
+
+def deltas_only(out: RequestOutput) -> RequestOutput:
+    """A running output without its cumulative fields: what a stream consumer needs, and far
+    less to serialize per chunk (the finished output still carries everything)."""
+    return dataclasses.replace(
+        out,
+        prompt=None,
+        prompt_token_ids=[],
+        outputs=[dataclasses.replace(c, text="", token_ids=[], logprobs=None) for c in out.outputs],
+    )
 
 
 def resolve_model_dir(config: ServeConfig) -> str:

@@ -45,7 +45,7 @@ from cluster.openai_protocol import (
     TokenizeRequest,
 )
 
-logger = logging.getLogger("kvray.openai")
+logger = logging.getLogger("ray.serve.kvray.openai")
 
 READY_TIMEOUT_S = 5.0
 
@@ -67,6 +67,11 @@ class OpenAIIngress:
             lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
         )
         self.auth = ApiKeyAuth.from_env(config.api_key_env)
+        # Plain pickle for the (gRPC) handle transport: the outputs are plain dataclasses,
+        # and cloudpickle's per-object hook costs the replica a large share of its time.
+        self._stream_handle = llm.options(
+            stream=True, request_serialization="pickle", response_serialization="pickle"
+        )
         self.metrics = RouterMetrics()
         self._card: dict[str, Any] | None = None
         logger.info("OpenAIIngress ready: model=%s auth=%s", self.model, self.auth.enabled)
@@ -115,7 +120,7 @@ class OpenAIIngress:
         finished = False
         try:
             # Serve may refuse at once (BackPressureError): inside the try, so it maps to 429.
-            gen = self.llm.options(stream=True).generate.remote(request)
+            gen = self._stream_handle.generate.remote(request)
             async for out in gen:
                 finished = out.finished
                 yield out
@@ -374,11 +379,11 @@ def as_kvray_error(err: BaseException) -> KvrayError:
     if isinstance(inner, KvrayError):
         return inner
     from ray.exceptions import RayActorError
-    from ray.serve.exceptions import BackPressureError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
     if isinstance(inner, BackPressureError):
         return QueueFullError("too many requests queued for the engine replicas; retry later")
-    if isinstance(inner, RayActorError):
+    if isinstance(inner, (RayActorError, DeploymentUnavailableError)):
         return EngineDeadError(f"engine replica unavailable: {type(inner).__name__}")
     logger.exception("unexpected error from LLMServer", exc_info=err)
     return KvrayError(f"internal error: {type(inner).__name__}: {inner}")

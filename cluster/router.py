@@ -27,7 +27,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-logger = logging.getLogger("kvray.router")
+logger = logging.getLogger("ray.serve.kvray.router")
 
 ROUTER_CLASS_PATH = "cluster.router.PrefixAffinityRouter"
 ROUTING_STATS_PERIOD_S = 1.0

@@ -43,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvray serve: {err}", file=sys.stderr)
         return 2
     api_key = api_key_from(args)
+    if not args.address:
+        # Before anything imports ray.serve: this process starts the local Serve instance and
+        # every Ray process inherits its environment.
+        apply_serve_env()
     try:
         start(config, args, api_key)
     except Exception as err:
@@ -85,7 +89,6 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
         # Each engine replica reserves one CPU per TP rank; a small machine still runs them.
         replicas = config.max_replicas or config.min_replicas or config.num_replicas
         cpus = max(os.cpu_count() or 1, replicas * config.tensor_parallel_size + 1)
-        apply_serve_env()  # inherited by every process of the local Ray instance
         logger.info(
             "starting a local Ray instance (%d logical CPUs, metrics export port %d)",
             cpus,

@@ -1,9 +1,9 @@
 """Ray Serve settings kvray runs with, and putting them where Ray's processes read them.
 
-Ray Serve reads these from the environment when each of its processes (controller, proxy,
-replicas) imports it, so they must be in the environment the Ray cluster starts with: a
-local `ray.init` passes this process's environment on; a cluster started with `ray start`
-(or a RayService pod) needs them in its own environment (the Helm chart sets them).
+Ray Serve reads these from the environment when a process first imports it (the driver that
+starts Serve included), so they must be set before that, and be in the environment the Ray
+cluster starts with: a local `ray.init` passes this process's environment on; a cluster
+started with `ray start` (or a RayService pod) needs them in its own environment.
 
 Measured on the demo model (2 CPU cores, 16 concurrent streams): with Serve's defaults every
 streamed chunk crosses three event loops in the ingress and the Ray object store twice; these
@@ -31,7 +31,7 @@ SERVE_ENV: dict[str, str] = {
 
 def apply_serve_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Sets SERVE_ENV in `environ` (default os.environ) where not already set; returns what
-    is in effect. Call before starting Ray."""
+    is in effect. Call before this process imports ray.serve."""
     env = os.environ if environ is None else environ
     for key, value in SERVE_ENV.items():
         env.setdefault(key, value)

@@ -46,7 +46,10 @@ def ray_session(demo_dir: Path) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in (API_KEY_ENV, "KVRAY_API_KEY", *SERVE_ENV)}
     os.environ[API_KEY_ENV] = API_KEY
     os.environ.pop("KVRAY_API_KEY", None)
-    apply_serve_env()  # test what `kvray serve` runs
+    # The Ray processes run with kvray's Serve settings; this process read Serve's defaults
+    # when the test modules imported it, so its own handles keep their router on a separate
+    # loop (the tests call them both synchronously and from asyncio.run).
+    apply_serve_env()
     env_vars = {}
     try:
         import kvray.v1  # noqa: F401

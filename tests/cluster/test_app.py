@@ -24,8 +24,12 @@ def test_llm_server_reserves_its_tp_group_through_a_placement_group() -> None:
     assert cpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0}
     gpu = llm_server_options(ServeConfig(tensor_parallel_size=4, device="cuda"))
     assert gpu["placement_group_bundles"] == [{"CPU": 1, "GPU": 1}] * 4
-    # The replica actor itself must fit in bundle 0.
-    assert gpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+    # TP > 1: every rank is an actor in its own bundle; the replica holds no GPU itself.
+    assert gpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0}
+    # TP = 1: the rank runs in the replica, which must fit in bundle 0 with its GPU.
+    one = llm_server_options(ServeConfig(tensor_parallel_size=1, device="cuda"))
+    assert one["placement_group_bundles"] == [{"CPU": 1, "GPU": 1}]
+    assert one["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
 
 
 def test_replicas_autoscaling_and_router() -> None:

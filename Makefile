@@ -11,6 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
 
 .PHONY: install serve test lint format bench
 
@@ -36,13 +37,16 @@ format: install
 
 # One torch thread per process: tests start Ray actors and servers beside the test process
 # on small machines, where OpenMP spin-waiting across processes costs more than it gains.
-# Three pytest runs, one Ray instance each: the cluster tests share one session-wide Ray
-# cluster, which must not be alive when other modules start their own.
+# Several pytest runs, one Ray instance each: most cluster tests share one session-wide Ray
+# cluster, which must not be alive when modules that start their own run.
 test: install lint
 	bash monitoring/install_prometheus.sh
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/workers tests/helm tests/test_checkpoints.py
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/monitoring
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/cluster
+	$(PYTEST) tests/workers tests/helm tests/test_checkpoints.py
+	$(PYTEST) tests/monitoring
+	$(PYTEST) tests/cluster/test_metrics.py
+	$(PYTEST) tests/cluster/test_grpc_api.py
+	$(PYTEST) tests/cluster --ignore tests/cluster/test_metrics.py \
+		--ignore tests/cluster/test_grpc_api.py
 
 bench: install
 	$(VENV)/bin/kvray bench throughput --compare

@@ -35,7 +35,7 @@ ROUTING_STATS_PERIOD_S = 1.0
 DEFAULTS: dict[str, Any] = {
     "block_size": 16,  # the engine's KV block size: only full blocks are prefix-cached
     "max_blocks": 4,  # key = hash of the first min(full blocks, max_blocks) blocks
-    "imbalance_threshold": 8,  # in-flight(preferred) - in-flight(least loaded) beyond: fallback
+    "imbalance_threshold": 4,  # in-flight(preferred) - in-flight(least loaded) from: fallback
     "kv_cache_usage_limit": 0.95,  # preferred replica's KV usage at/above: fallback
     "text_prefix_chars": 256,  # prompts given as text (no ids): key = hash of this many chars
 }

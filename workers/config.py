@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +247,6 @@ class EngineConfig:
     dtype: str  # "torch.float32" etc.
     seed: int = 0
     served_model_name: str = "model"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def torch_dtype(self):  # noqa: ANN201

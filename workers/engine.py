@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from workers.block_manager import BlockManager
 from workers.config import EngineArgs, EngineConfig
@@ -35,8 +35,6 @@ class Request:
     seqs: list[Sequence]
     stream: bool
     arrival_time: float
-    error: str | None = None
-    metrics_extra: dict = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

@@ -57,9 +57,3 @@ class Platform:
         if dtype not in table:
             raise ValueError(f"dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
         return table[dtype]
-
-    def free_memory_bytes(self, device: torch.device) -> int:
-        if self.is_cuda:
-            free, _ = torch.cuda.mem_get_info(device)
-            return int(free)
-        raise RuntimeError("free memory is only measured on CUDA")

@@ -171,8 +171,13 @@ class LLMServer:
     async def stats(self) -> EngineStats:
         return self._engine.stats()
 
-    async def replica_stats(self) -> dict[str, Any]:
-        """EngineStats fields plus this replica's id and queue: for tests, benches, debugging."""
+    async def replica_stats(self, route: dict[str, Any] | None = None) -> dict[str, Any]:
+        """EngineStats fields plus this replica's id and queue: for tests, benches, debugging.
+
+        `route` is read only by the router: {"routing_key": K} sends the call to the replica
+        that K prefers, which is how a caller reaches every replica (a load-aware router
+        would otherwise keep answering from the idlest one).
+        """
         return {
             "replica": self._replica,
             "queued": self._queued,

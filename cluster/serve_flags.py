@@ -96,6 +96,13 @@ def add_serve_flags(parser: argparse.ArgumentParser, default_host: str) -> None:
         "power-of-two choices (default %(default)s)",
     )
     s.add_argument(
+        "--stream-interval-ms",
+        type=int,
+        default=d.stream_interval_ms,
+        help="least time between two streamed chunks of one request; >0 trades chunk "
+        "granularity for less per-token work on the HTTP path (default %(default)s)",
+    )
+    s.add_argument(
         "--ingress-replicas",
         type=int,
         default=d.ingress_replicas,
@@ -151,6 +158,7 @@ def config_from_flags(args: argparse.Namespace) -> ServeConfig:
         device=args.device,
         ingress_replicas=args.ingress_replicas,
         request_router=args.request_router,
+        stream_interval_ms=args.stream_interval_ms,
     )
 
 

@@ -35,7 +35,13 @@ class App:
     def handle(self, deployment: str = "LLMServer") -> Any:
         from ray import serve
 
-        return serve.get_deployment_handle(deployment, app_name=self.name)
+        handle = serve.get_deployment_handle(deployment, app_name=self.name)
+        # kvray's Serve settings (applied to this process too) route on the caller's event
+        # loop, which sync test code does not have: this handle routes on Serve's own thread,
+        # so it works from sync code and from any event loop.
+        if not handle.is_initialized:  # Serve hands out one cached handle per deployment
+            handle._init(_run_router_in_separate_loop=True)
+        return handle
 
 
 def deploy(name: str, prefix: str, config: Any, ports: ServePorts, api_key: str | None) -> App:
@@ -59,11 +65,16 @@ def openai_client(app: App, api_key: str | None = None) -> Any:
 
 
 def replica_stats(app: App, expect_replicas: int, calls: int = 40) -> dict[str, dict[str, Any]]:
-    """Each LLMServer replica's stats, by replica id (requests spread over all replicas)."""
+    """Each LLMServer replica's stats, by replica id.
+
+    Each call carries a different routing key: the prefix-affinity router sends it to the
+    replica that key prefers, so the calls reach every replica even while one of them is
+    busy (by load alone, they would all go to the idle one).
+    """
     handle = app.handle()
     seen: dict[str, dict[str, Any]] = {}
-    for _ in range(calls):
-        s = handle.replica_stats.remote().result()
+    for i in range(calls):
+        s = handle.replica_stats.remote({"routing_key": f"stats-{i}"}).result()
         seen[s["replica"]] = s
         if len(seen) >= expect_replicas:
             break

@@ -32,8 +32,12 @@ def test_yaml_shape_and_schema(tmp_path: Path) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     doc = _config_yaml(
-        tmp_path, "--min-replicas", "1", "--max-replicas", "4", "--api-key", "sk-unique-7781"
-    )
+        tmp_path,
+        "--min-replicas", "1",
+        "--max-replicas", "4",
+        "--api-key", "sk-unique-7781",
+        "--stream-interval-ms", "20",
+    )  # fmt: skip
     ServeDeploySchema.model_validate(doc)  # what `serve deploy` checks
     assert doc["http_options"] == {"host": "0.0.0.0", "port": 8000}
     assert doc["grpc_options"]["port"] == 9000
@@ -46,6 +50,7 @@ def test_yaml_shape_and_schema(tmp_path: Path) -> None:
     assert app["args"]["min_replicas"] == 1 and app["args"]["max_replicas"] == 4
     assert "sk-unique-7781" not in yaml.safe_dump(doc)  # the key itself is never written
     assert app["args"]["api_key_env"] == "KVRAY_API_KEY"
+    assert app["args"]["stream_interval_ms"] == 20
 
 
 @pytest.fixture(scope="module")

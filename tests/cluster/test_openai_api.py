@@ -6,6 +6,7 @@ Greedy outputs must equal the offline engine's (`workers.LLM`) on the same demo 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +274,7 @@ def test_disconnect_mid_stream_frees_every_kv_block(kvray_app: App) -> None:
             got = [next(lines) for _ in range(6)]
             assert any(line.startswith("data: ") for line in got)
             busy = replica_stats(kvray_app, 2)
+            assert len(busy) == 2
             assert sum(s["num_requests_running"] for s in busy.values()) == 1
         # Leaving the block closes the connection mid-stream.
     stats = wait_until_idle(kvray_app, 2)
@@ -295,12 +297,13 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer(kvray_app: App) -> N
             task = asyncio.create_task(
                 http.post(f"{kvray_app.base_url}/v1/completions", json=body, headers=headers)
             )
-            handle = kvray_app.handle()
-            while True:  # until the request is running on a replica
-                stats = [await handle.replica_stats.remote() for _ in range(6)]
-                if any(s["num_requests_running"] for s in stats):
-                    break
+            deadline = time.monotonic() + 60
+            running = False
+            while not running and time.monotonic() < deadline:  # until a replica runs it
+                stats = await asyncio.to_thread(replica_stats, kvray_app, 2)
+                running = any(s["num_requests_running"] for s in stats.values())
                 await asyncio.sleep(0.1)
+            assert running, "the request never started on a replica"
             task.cancel()  # closes the connection
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -271,6 +271,24 @@ def test_api_key_reaches_pods_from_a_secret(case):
         assert (ref["name"], ref["key"]) == (secret, key["secretKey"])
 
 
+def test_pods_run_with_kvrays_serve_settings(case):
+    """Every Ray container gets cluster/serve_env.py's settings, as `kvray serve` runs with;
+    extraEnv comes after them, so a user's value for the same name wins."""
+    from cluster.serve_env import SERVE_ENV
+
+    _, objects = case
+    for container in _ray_containers(only(objects, "RayService")).values():
+        env = [(e["name"], e.get("value")) for e in container["env"]]
+        assert env[: len(SERVE_ENV)] == list(SERVE_ENV.items())
+
+
+def test_extra_env_overrides_a_serve_setting(render):
+    extra = [{"name": "RAY_SERVE_USE_GRPC_BY_DEFAULT", "value": "0"}]
+    for container in _ray_containers(only(render({"extraEnv": extra}), "RayService")).values():
+        values = [e.get("value") for e in container["env"] if e["name"] == extra[0]["name"]]
+        assert values[-1] == "0"  # Kubernetes applies the last of duplicate names
+
+
 def test_chart_made_secret_keeps_the_key_out_of_the_serve_config(render):
     import base64
 

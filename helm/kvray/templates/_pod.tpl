@@ -67,8 +67,17 @@ spec:
         - name: metrics
           containerPort: {{ $v.ray.metricsPort }}
       {{- $secret := include "kvray.apiKeySecretName" $root }}
-      {{- if or $secret $v.extraEnv }}
       env:
+        # Ray Serve settings kvray runs with (cluster/serve_env.py, kept equal by a test):
+        # every Ray process in the pod reads them when it imports Ray Serve.
+        - name: RAY_SERVE_USE_GRPC_BY_DEFAULT
+          value: "1"
+        - name: RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD
+          value: "0"
+        - name: RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP
+          value: "0"
+        - name: RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE
+          value: "1000"
         {{- if $secret }}
         - name: {{ $v.apiKey.envName }}
           valueFrom:
@@ -79,7 +88,6 @@ spec:
         {{- with $v.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- end }}
       resources:
         {{- if $gpu }}
         {{- $gpus := dict $v.worker.gpuResourceName (int64 $v.engine.tensorParallelSize) }}

@@ -16,6 +16,7 @@ the application's own defaults apply.
   "max_queued_requests" (int64 $s.maxQueuedRequests)
   "ingress_replicas" (int64 $s.ingressReplicas)
   "request_router" $s.requestRouter
+  "stream_interval_ms" (int64 $s.streamIntervalMs)
   "grpc_max_message_bytes" (int64 $s.grpcMaxMessageBytes)
   "api_key_env" .Values.apiKey.envName
 }}

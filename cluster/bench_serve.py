@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import random
 import socket
@@ -38,6 +39,7 @@ from cluster.bench_common import (
     warmup_workload,
     write_result_json,
 )
+from cluster.bench_cpu import cpu_seconds_by_role, ms_per_token
 from cluster.bench_serve_backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.config import ROUTERS, ServeConfig
 from cluster.serve_env import apply_serve_env
@@ -61,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prefix-len", type=int, default=96, help="shared-prefix: tokens of each tenant's prefix")
     a("--seed", type=int, default=0)
     a("--warmup-requests", type=int, default=4)
+    a(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each backend this many times, alternating backends within a round (each "
+        "round its own prompts); comparisons report the median over rounds, so drift in a "
+        "shared machine's load hits both sides (default 1)",
+    )
     a(
         "--inprocess-threads",
         type=int,
@@ -92,19 +102,28 @@ def run(args: argparse.Namespace) -> int:
     if not args.launch and not args.base_url and set(backends) - {"inprocess"}:
         print("kvray bench serve: give --base-url or --launch", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print("kvray bench serve: --rounds must be >= 1", file=sys.stderr)
+        return 2
     model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
     workload = build_workload(args, token_ids)
+    # Round r's prompts: seed + r, so no round is served from the previous one's prefix cache.
+    workloads = [workload] + [
+        build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + r}), token_ids)
+        for r in range(1, args.rounds)
+    ]
     warmup = warmup_workload(token_ids, seed=args.seed, num=args.warmup_requests)
     print(
         f"kvray bench serve: workload {workload.name}, {len(workload.requests)} requests, "
         f"{workload.prompt_tokens} prompt + {workload.output_tokens} output tokens, "
-        f"rate {args.request_rate}, max concurrency {args.max_concurrency}"
+        f"rate {args.request_rate}, max concurrency {args.max_concurrency}, "
+        f"{args.rounds} round(s)"
     )
     if args.launch:
         # As `kvray serve` runs it; before anything imports ray.serve in this process.
         apply_serve_env()
-    summaries = asyncio.run(_run_all(args, backends, routers, model_dir, workload, warmup))
+    summaries = asyncio.run(_run_all(args, backends, routers, model_dir, workloads, warmup))
     comparisons = compare(summaries)
     print()
     print(format_report(summaries, comparisons))
@@ -203,18 +222,36 @@ async def run_workload(
     return list(records), time.perf_counter() - start
 
 
-async def bench_backend(
-    name: str, ctx: BackendContext, args: argparse.Namespace, workload: Workload, warmup: Workload
-) -> dict[str, Any]:
+async def open_warm(
+    name: str, ctx: BackendContext, args: argparse.Namespace, warmup: Workload
+) -> Any:
+    """An opened backend that has served the warm-up requests (first calls are slow)."""
     backend = await open_backend(name, ctx)
     try:
         await run_workload(backend, warmup, math.inf, None, args.seed)
-        records, elapsed = await run_workload(
-            backend, workload, args.request_rate, args.max_concurrency, args.seed
-        )
-    finally:
+    except BaseException:
         await backend.close()
-    return summarize(name, records, elapsed)
+        raise
+    return backend
+
+
+async def measure(
+    label: str, backend: Any, args: argparse.Namespace, workload: Workload, round_: int
+) -> dict[str, Any]:
+    print(f"running {label}" + (f" (round {round_ + 1})" if args.rounds > 1 else "") + " ...")
+    cpu_before = cpu_seconds_by_role()
+    records, elapsed = await run_workload(
+        backend, workload, args.request_rate, args.max_concurrency, args.seed
+    )
+    summary = summarize(label, records, elapsed)
+    summary["round"] = round_
+    # Every local process's CPU, not only this backend's: with --launch an idle app still
+    # spends some (Serve's controller, Ray's agents), which the in-process rows then show.
+    summary["cpu_ms_per_output_token"] = ms_per_token(
+        cpu_before, cpu_seconds_by_role(), summary["output_tokens"]
+    )
+    print(summary_line(summary), flush=True)
+    return summary
 
 
 async def _run_all(
@@ -222,7 +259,7 @@ async def _run_all(
     backends: list[str],
     routers: list[str],
     model_dir: Path,
-    workload: Workload,
+    workloads: Sequence[Workload],
     warmup: Workload,
 ) -> list[dict[str, Any]]:
     engine_kwargs: dict[str, Any] = {"max_num_seqs": args.max_num_seqs}
@@ -237,35 +274,73 @@ async def _run_all(
         engine_kwargs=engine_kwargs,
         torch_threads=args.inprocess_threads,
     )
-    summaries = []
-    if "inprocess" in backends:
-        summaries.append(await _labelled("inprocess", "inprocess", base, args, workload, warmup))
     remote = [b for b in backends if b != "inprocess"]
-    if not remote:
-        return summaries
-    if not args.launch:
-        ctx = await _with_server_defaults(base)
-        for name in remote:
-            summaries.append(await _labelled(name, name, ctx, args, workload, warmup))
-        return summaries
-    with LocalCluster(args, len(workload.requests) + len(warmup.requests)) as cluster:
+    async with contextlib.AsyncExitStack() as stack:
+        inprocess = None
+        if "inprocess" in backends:
+            inprocess = await open_warm("inprocess", base, args, warmup)
+            stack.push_async_callback(inprocess.close)
+        if not remote:
+            return await _rounds(args, workloads, inprocess, [])
+        if not args.launch:
+            ctx = await _with_server_defaults(base)
+            opened = await _open_all(stack, remote, ctx, args, warmup, lambda n: n)
+            return await _rounds(args, workloads, inprocess, opened)
+        summaries = []
+        cluster = stack.enter_context(LocalCluster(args, _max_queued(workloads, warmup)))
         for router in routers:
             ctx = await asyncio.to_thread(cluster.deploy, router, base)
-            for name in remote:
-                label = f"{name}[{router}]" if len(routers) > 1 else name
-                summaries.append(await _labelled(label, name, ctx, args, workload, warmup))
+            async with contextlib.AsyncExitStack() as per_router:
+                opened = await _open_all(
+                    per_router,
+                    remote,
+                    ctx,
+                    args,
+                    warmup,
+                    lambda n, r=router: f"{n}[{r}]" if len(routers) > 1 else n,
+                )
+                summaries += await _rounds(args, workloads, inprocess, opened, group=router)
             await asyncio.to_thread(cluster.undeploy)
+        return summaries
+
+
+def _max_queued(workloads: Sequence[Workload], warmup: Workload) -> int:
+    return max(len(w.requests) for w in workloads) + len(warmup.requests)
+
+
+async def _open_all(
+    stack: contextlib.AsyncExitStack,
+    names: Sequence[str],
+    ctx: BackendContext,
+    args: argparse.Namespace,
+    warmup: Workload,
+    label: Any,
+) -> list[tuple[str, Any]]:
+    opened = []
+    for name in names:
+        backend = await open_warm(name, ctx, args, warmup)
+        stack.push_async_callback(backend.close)
+        opened.append((label(name), backend))
+    return opened
+
+
+async def _rounds(
+    args: argparse.Namespace,
+    workloads: Sequence[Workload],
+    inprocess: Any,
+    opened: Sequence[tuple[str, Any]],
+    group: str = "",
+) -> list[dict[str, Any]]:
+    """Every backend once per round, in the same order each round; `group` tells comparisons
+    which in-process run a remote one is measured against (one per launched router)."""
+    both = ([("inprocess", inprocess)] if inprocess is not None else []) + list(opened)
+    summaries = []
+    for r, workload in enumerate(workloads):
+        for label, backend in both:
+            summary = await measure(label, backend, args, workload, r)
+            summary["group"] = group
+            summaries.append(summary)
     return summaries
-
-
-async def _labelled(
-    label: str, name: str, ctx: BackendContext, args: argparse.Namespace, w: Workload, wu: Workload
-) -> dict[str, Any]:
-    print(f"running {label} ...", flush=True)
-    summary = await bench_backend(name, ctx, args, w, wu)
-    summary["backend"] = label
-    print(summary_line(summary), flush=True)
-    return summary
 
 
 async def _with_server_defaults(ctx: BackendContext) -> BackendContext:
@@ -405,20 +480,40 @@ def summary_line(s: dict[str, Any]) -> str:
 
 
 def compare(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets (http vs inprocess) and router vs router hit rates."""
-    by = {s["backend"]: s for s in summaries}
-    out: dict[str, Any] = {}
-    base = by.get("inprocess")
-    for s in summaries:
-        if base is None or s is base or not base["output_throughput"]:
+    """The issue's targets (each backend vs the in-process run of the same round, median over
+    rounds) and router vs router prefix-cache hit rates."""
+    ratios: dict[str, list[float]] = {}
+    overheads: dict[str, list[float]] = {}
+    for key in dict.fromkeys((s.get("group", ""), s.get("round", 0)) for s in summaries):
+        same = [s for s in summaries if (s.get("group", ""), s.get("round", 0)) == key]
+        base = next((s for s in same if s["backend"] == "inprocess"), None)
+        if base is None or not base["output_throughput"]:
             continue
-        out[f"{s['backend']} vs inprocess"] = {
-            "output_throughput_ratio": s["output_throughput"] / base["output_throughput"],
-            "median_ttft_overhead_ms": s["ttft_ms"]["median"] - base["ttft_ms"]["median"],
+        for s in same:
+            if s is not base:
+                name = f"{s['backend']} vs inprocess"
+                ratios.setdefault(name, []).append(
+                    s["output_throughput"] / base["output_throughput"]
+                )
+                overheads.setdefault(name, []).append(
+                    s["ttft_ms"]["median"] - base["ttft_ms"]["median"]
+                )
+    out: dict[str, Any] = {
+        name: {
+            "output_throughput_ratio": statistics.median(ratios[name]),
+            "median_ttft_overhead_ms": statistics.median(overheads[name]),
+            "rounds": len(ratios[name]),
+            "output_throughput_ratios": ratios[name],
+            "median_ttft_overheads_ms": overheads[name],
         }
-    routed = {k: v for k, v in by.items() if "[" in k}
-    if len(routed) > 1:
-        out["prefix_cache_hit_rate"] = {k: v["prefix_cache_hit_rate"] for k, v in routed.items()}
+        for name in ratios
+    }
+    hit_rates: dict[str, list[float]] = {}
+    for s in summaries:
+        if "[" in s["backend"]:
+            hit_rates.setdefault(s["backend"], []).append(s["prefix_cache_hit_rate"])
+    if len(hit_rates) > 1:
+        out["prefix_cache_hit_rate"] = {k: statistics.fmean(v) for k, v in hit_rates.items()}
     return out
 
 
@@ -428,13 +523,25 @@ def format_report(summaries: Sequence[dict[str, Any]], comparisons: dict[str, An
         f"{'TPOT med ms':>13}{'ITL med/p99 ms':>17}{'E2E med/p99 ms':>18}{'hit rate':>10}"
     )
     rows = [head, "-" * len(head)]
+    multi = any(s.get("round") for s in summaries)
     for s in summaries:
         t, tp, i, e = s["ttft_ms"], s["tpot_ms"], s["itl_ms"], s["e2e_ms"]
+        label = s["backend"] + (f" r{s.get('round', 0) + 1}" if multi else "")
         rows.append(
-            f"{s['backend']:<28}{s['request_throughput']:>8.2f}{s['output_throughput']:>11.1f}"
+            f"{label:<28}{s['request_throughput']:>8.2f}{s['output_throughput']:>11.1f}"
             f"{t['mean']:>9.1f}/{t['median']:.1f}/{t['p99']:.1f}".ljust(71)
             + f"{tp['median']:>8.2f}{i['median']:>11.2f}/{i['p99']:.2f}"
             f"{e['median']:>11.1f}/{e['p99']:.1f}{s['prefix_cache_hit_rate']:>9.1%}"
+        )
+    cpu = [s for s in summaries if s.get("cpu_ms_per_output_token")]
+    if cpu:
+        rows.append("CPU ms per output token, by process (this machine's processes only):")
+    for s in cpu:
+        label = s["backend"] + (f" r{s.get('round', 0) + 1}" if multi else "")
+        roles = s["cpu_ms_per_output_token"]
+        rows.append(
+            f"  {label:<26}{sum(roles.values()):6.2f} = "
+            + ", ".join(f"{role} {ms:.2f}" for role, ms in roles.items())
         )
     for name, c in comparisons.items():
         if name == "prefix_cache_hit_rate":
@@ -443,9 +550,14 @@ def format_report(summaries: Sequence[dict[str, Any]], comparisons: dict[str, An
                 + ", ".join(f"{k} {v:.1%}" for k, v in c.items())
             )
         else:
+            spread = ""
+            if c["rounds"] > 1:
+                lo, hi = min(c["output_throughput_ratios"]), max(c["output_throughput_ratios"])
+                spread = f" (median of {c['rounds']} rounds, {lo:.2f}-{hi:.2f}x)"
             rows.append(
                 f"{name}: output throughput {c['output_throughput_ratio']:.2f}x (target >= 0.85), "
                 f"median TTFT overhead {c['median_ttft_overhead_ms']:+.1f} ms (target <= 10)"
+                + spread
             )
     return "\n".join(rows)
 

@@ -157,12 +157,18 @@ class AsyncEngine:
                 if not engine.has_unfinished():
                     self._stats = engine.stats()
                     continue
+                # One hand-over per caller loop per step, not one per request: each
+                # call_soon_threadsafe wakes the loop through its self-pipe, and with many
+                # streams per step those wake-ups cost the loop (and the GIL) real time.
+                batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
                 for out in engine.step():
                     stream = self._streams.get(out.request_id)
                     if stream is not None:
                         if out.finished:
                             del self._streams[out.request_id]
-                        self._deliver(stream, out)
+                        batches.setdefault(stream[0], []).append((stream[1], out))
+                for loop, items in batches.items():
+                    self._deliver_many(loop, items)
                 self._stats = engine.stats()
         except BaseException as e:  # noqa: BLE001 - any failure kills the engine, loudly
             log.exception("engine step failed; failing all requests")
@@ -186,7 +192,18 @@ class AsyncEngine:
     @staticmethod
     def _deliver(stream: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item: Any) -> None:
         loop, q = stream
+        AsyncEngine._deliver_many(loop, [(q, item)])
+
+    @staticmethod
+    def _deliver_many(
+        loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]
+    ) -> None:
         try:
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            loop.call_soon_threadsafe(_put_all, items)
         except RuntimeError:  # the caller's loop is closed: nobody is listening
             pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for q, item in items:
+        q.put_nowait(item)

@@ -59,13 +59,45 @@ def test_small_run_against_the_server_and_inprocess(kvray_app: App, tmp_path: Pa
         "--backend", "inprocess,http", "--base-url", kvray_app.base_url,
         "--api-key", kvray_app.api_key, "--num-prompts", "8", "--input-len", "40",
         "--output-len", "6", "--max-concurrency", "4", "--kv-cache-memory", str(KV_CACHE_BYTES),
-        "--warmup-requests", "1", "--result-json", str(out),
+        "--warmup-requests", "1", "--rounds", "2", "--result-json", str(out),
     )  # fmt: skip
     assert bench_serve.run(args) == 0
     result = json.loads(out.read_text())
-    runs = {r["backend"]: r for r in result["runs"]}
-    assert set(runs) == {"inprocess", "http"}
+    runs = {(r["backend"], r["round"]): r for r in result["runs"]}
+    assert list(runs) == [("inprocess", 0), ("http", 0), ("inprocess", 1), ("http", 1)]
     for r in runs.values():
         assert r["completed"] == 8 and r["output_tokens"] == 8 * 6
         assert r["ttft_ms"]["median"] > 0 and r["e2e_ms"]["p99"] >= r["e2e_ms"]["median"]
-    assert "http vs inprocess" in result["comparisons"]
+    # Each round has its own prompts: the second is not served from the first's cache.
+    assert runs[("http", 1)]["prefix_cache_hit_rate"] == 0.0
+    assert result["comparisons"]["http vs inprocess"]["rounds"] == 2
+    # The in-process engine runs in this (the client) process.
+    assert runs[("inprocess", 0)]["cpu_ms_per_output_token"]["client"] > 0
+
+
+def _run(backend: str, round_: int, tok_s: float, ttft_ms: float, group: str = "") -> dict:
+    return {
+        "backend": backend,
+        "round": round_,
+        "group": group,
+        "output_throughput": tok_s,
+        "ttft_ms": {"median": ttft_ms},
+        "prefix_cache_hit_rate": 0.0,
+    }
+
+
+def test_compare_takes_each_rounds_own_baseline_and_the_median() -> None:
+    runs = [
+        _run("inprocess", 0, 100, 50), _run("http", 0, 50, 80),
+        _run("inprocess", 1, 200, 40), _run("http", 1, 180, 45),
+        _run("inprocess", 2, 100, 50), _run("http", 2, 90, 70),
+    ]  # fmt: skip
+    c = bench_serve.compare(runs)["http vs inprocess"]
+    assert c["output_throughput_ratios"] == [0.5, 0.9, 0.9]
+    assert c["output_throughput_ratio"] == 0.9 and c["median_ttft_overhead_ms"] == 20
+    assert "median of 3 rounds, 0.50-0.90x" in bench_serve.format_report(
+        [{**r, "request_throughput": 1, "ttft_ms": {"mean": 1, "median": 1, "p99": 1},
+          "tpot_ms": {"median": 1}, "itl_ms": {"median": 1, "p99": 1},
+          "e2e_ms": {"median": 1, "p99": 1}} for r in runs],
+        {"http vs inprocess": c},
+    )  # fmt: skip

@@ -49,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
         apply_serve_env()
     try:
         start(config, args, api_key)
+    except KeyboardInterrupt:  # Ctrl-C while Ray starts or the application deploys
+        logger.info("interrupted while starting: stopping")
+        _shutdown(args.address)
+        return 130
     except Exception as err:
         logger.error("could not start kvray: %s", err)
         _shutdown(args.address)

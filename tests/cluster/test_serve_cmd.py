@@ -1,9 +1,10 @@
 """`kvray serve`: flags and banner, and the real command joining a Ray cluster (--address),
-serving with an API key, and stopping cleanly on SIGTERM."""
+serving with an API key, and stopping cleanly on SIGTERM or on Ctrl-C while it deploys."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import signal
@@ -122,4 +123,55 @@ def test_serve_joins_a_cluster_serves_and_stops_on_sigterm(serve_ports: ServePor
         if proc.poll() is None:
             proc.kill()
     # It removed its own application (and left the shared Serve instance running).
+    assert "kvray" not in serve.status().applications
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_deploying_stops_cleanly(serve_ports: ServePorts) -> None:
+    import ray
+    from ray import serve
+
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "serve",
+            "--address",
+            address,
+            "--kv-cache-memory",
+            str(KV_CACHE_BYTES),
+            "--port",
+            str(serve_ports.http),
+            "--grpc-port",
+            str(serve_ports.grpc),
+        ],  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    out: list[str] = []
+    try:
+        deadline = time.monotonic() + 300  # a hang guard, not a measurement
+        while not any("deploying kvray-demo" in x for x in out):
+            assert proc.poll() is None, "".join(out)
+            assert time.monotonic() < deadline, "".join(out)
+            with contextlib.suppress(queue.Empty):
+                out.append(lines.get(timeout=1))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    while True:  # the reader thread ends with the process's output
+        try:
+            out.append(lines.get(timeout=5))
+        except queue.Empty:
+            break
+    text = "".join(out)
+    assert "interrupted while starting" in text and "Traceback" not in text, text
     assert "kvray" not in serve.status().applications

@@ -158,8 +158,8 @@ class AsyncEngine:
                     self._stats = engine.stats()
                     continue
                 # One hand-over per caller loop per step, not one per request: each
-                # call_soon_threadsafe wakes the loop through its self-pipe, and with many
-                # streams per step those wake-ups cost the loop (and the GIL) real time.
+                # call_soon_threadsafe writes the loop's self-pipe, so this is one wake-up per
+                # step however many streams (no throughput change measured on the demo model).
                 batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
                 for out in engine.step():
                     stream = self._streams.get(out.request_id)

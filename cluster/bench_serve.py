@@ -382,7 +382,13 @@ class LocalCluster:
             num_cpus=max(4, self._args.num_replicas + 2),
             include_dashboard=False,
             logging_level="WARNING",
+            # Every request logs a line in each replica; relayed here they would bury the
+            # report and cost this (the client's) process CPU. Failed requests still show
+            # their errors in the report.
+            log_to_driver=False,
         )
+        # Ray's default temp dir; session_latest points at this instance.
+        print("local Ray started; replica logs in /tmp/ray/session_latest/logs/serve", flush=True)
         serve.start(
             http_options={"host": "127.0.0.1", "port": self.http_port},
             grpc_options=grpc_options(self.grpc_port),

@@ -107,12 +107,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
-    workload = build_workload(args, token_ids)
     # Round r's prompts: seed + r, so no round is served from the previous one's prefix cache.
-    workloads = [workload] + [
+    workloads = [
         build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + r}), token_ids)
-        for r in range(1, args.rounds)
+        for r in range(args.rounds)
     ]
+    workload = workloads[0]
     warmup = warmup_workload(token_ids, seed=args.seed, num=args.warmup_requests)
     print(
         f"kvray bench serve: workload {workload.name}, {len(workload.requests)} requests, "
@@ -238,7 +238,10 @@ async def open_warm(
 async def measure(
     label: str, backend: Any, args: argparse.Namespace, workload: Workload, round_: int
 ) -> dict[str, Any]:
-    print(f"running {label}" + (f" (round {round_ + 1})" if args.rounds > 1 else "") + " ...")
+    print(
+        f"running {label}" + (f" (round {round_ + 1})" if args.rounds > 1 else "") + " ...",
+        flush=True,
+    )
     cpu_before = cpu_seconds_by_role()
     records, elapsed = await run_workload(
         backend, workload, args.request_rate, args.max_concurrency, args.seed
@@ -488,10 +491,12 @@ def summary_line(s: dict[str, Any]) -> str:
 def compare(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets (each backend vs the in-process run of the same round, median over
     rounds) and router vs router prefix-cache hit rates."""
+    rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for s in summaries:
+        rounds.setdefault((s.get("group", ""), s.get("round", 0)), []).append(s)
     ratios: dict[str, list[float]] = {}
     overheads: dict[str, list[float]] = {}
-    for key in dict.fromkeys((s.get("group", ""), s.get("round", 0)) for s in summaries):
-        same = [s for s in summaries if (s.get("group", ""), s.get("round", 0)) == key]
+    for same in rounds.values():
         base = next((s for s in same if s["backend"] == "inprocess"), None)
         if base is None or not base["output_throughput"]:
             continue
@@ -530,11 +535,14 @@ def format_report(summaries: Sequence[dict[str, Any]], comparisons: dict[str, An
     )
     rows = [head, "-" * len(head)]
     multi = any(s.get("round") for s in summaries)
+
+    def label(s: dict[str, Any]) -> str:
+        return s["backend"] + (f" r{s.get('round', 0) + 1}" if multi else "")
+
     for s in summaries:
         t, tp, i, e = s["ttft_ms"], s["tpot_ms"], s["itl_ms"], s["e2e_ms"]
-        label = s["backend"] + (f" r{s.get('round', 0) + 1}" if multi else "")
         rows.append(
-            f"{label:<28}{s['request_throughput']:>8.2f}{s['output_throughput']:>11.1f}"
+            f"{label(s):<28}{s['request_throughput']:>8.2f}{s['output_throughput']:>11.1f}"
             f"{t['mean']:>9.1f}/{t['median']:.1f}/{t['p99']:.1f}".ljust(71)
             + f"{tp['median']:>8.2f}{i['median']:>11.2f}/{i['p99']:.2f}"
             f"{e['median']:>11.1f}/{e['p99']:.1f}{s['prefix_cache_hit_rate']:>9.1%}"
@@ -543,10 +551,9 @@ def format_report(summaries: Sequence[dict[str, Any]], comparisons: dict[str, An
     if cpu:
         rows.append("CPU ms per output token, by process (this machine's processes only):")
     for s in cpu:
-        label = s["backend"] + (f" r{s.get('round', 0) + 1}" if multi else "")
         roles = s["cpu_ms_per_output_token"]
         rows.append(
-            f"  {label:<26}{sum(roles.values()):6.2f} = "
+            f"  {label(s):<26}{sum(roles.values()):6.2f} = "
             + ", ".join(f"{role} {ms:.2f}" for role, ms in roles.items())
         )
     for name, c in comparisons.items():

@@ -63,48 +63,77 @@ def test_banner_has_urls_and_a_curl_example() -> None:
     assert "Authorization: Bearer $KVRAY_API_KEY" in text
 
 
+class ServeProcess:
+    """`kvray serve --address` joining this session's Ray cluster, as a child process whose
+    output a thread reads line by line; leaving the `with` block kills it if still running."""
+
+    def __init__(self, ports: ServePorts, *flags: str, env: dict[str, str] | None = None) -> None:
+        import ray
+
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cluster.cli",
+                "serve",
+                "--address",
+                ray.get_runtime_context().gcs_address,
+                "--kv-cache-memory",
+                str(KV_CACHE_BYTES),
+                "--port",
+                str(ports.http),
+                "--grpc-port",
+                str(ports.grpc),
+                *flags,
+            ],  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(
+            target=lambda: [self._lines.put(x) for x in self.proc.stdout], daemon=True
+        ).start()
+        self.out: list[str] = []
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.out)
+
+    def wait_for(self, line_part: str, timeout_s: float = 300) -> None:
+        """Until an output line contains `line_part` (a hang guard, not a measurement)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(line_part in x for x in self.out):
+            assert self.proc.poll() is None, self.text
+            assert time.monotonic() < deadline, self.text
+            with contextlib.suppress(queue.Empty):
+                self.out.append(self._lines.get(timeout=1))
+
+    def read_rest(self) -> None:
+        """The output left once the process has exited (the reader ends with it)."""
+        while True:
+            try:
+                self.out.append(self._lines.get(timeout=5))
+            except queue.Empty:
+                return
+
+
 @pytest.mark.slow
 def test_serve_joins_a_cluster_serves_and_stops_on_sigterm(serve_ports: ServePorts) -> None:
-    import ray
     from ray import serve
 
-    address = ray.get_runtime_context().gcs_address
     env = {**os.environ, "KVRAY_API_KEY": "serve-cmd-key"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cluster.cli",
-            "serve",
-            "--address",
-            address,
-            "--kv-cache-memory",
-            str(KV_CACHE_BYTES),
-            "--max-num-seqs",
-            "8",
-            "--port",
-            str(serve_ports.http),
-            "--grpc-port",
-            str(serve_ports.grpc),
-        ],  # fmt: skip
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    out: list[str] = []
-    try:
-        deadline = time.monotonic() + 300  # a hang guard, not a measurement
-        while not any("kvray is serving" in x for x in out):
-            assert proc.poll() is None, "".join(out)
-            assert time.monotonic() < deadline, "".join(out)
-            try:
-                out.append(lines.get(timeout=1))
-            except queue.Empty:
-                pass
+    with ServeProcess(serve_ports, "--max-num-seqs", "8", env=env) as server:
+        server.wait_for("kvray is serving")
         base = f"http://127.0.0.1:{serve_ports.http}"
         assert httpx.get(f"{base}/health").status_code == 200
         body = {"model": "kvray-demo", "prompt": "Once upon a time", "max_tokens": 4}
@@ -117,61 +146,22 @@ def test_serve_joins_a_cluster_serves_and_stops_on_sigterm(serve_ports: ServePor
             timeout=120,
         )
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=180) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=180) == 0
     # It removed its own application (and left the shared Serve instance running).
     assert "kvray" not in serve.status().applications
 
 
 @pytest.mark.slow
 def test_ctrl_c_while_deploying_stops_cleanly(serve_ports: ServePorts) -> None:
-    import ray
     from ray import serve
 
-    address = ray.get_runtime_context().gcs_address
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cluster.cli",
-            "serve",
-            "--address",
-            address,
-            "--kv-cache-memory",
-            str(KV_CACHE_BYTES),
-            "--port",
-            str(serve_ports.http),
-            "--grpc-port",
-            str(serve_ports.grpc),
-        ],  # fmt: skip
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    with ServeProcess(serve_ports) as server:
+        server.wait_for("deploying kvray-demo")
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(timeout=180) == 130
+    server.read_rest()
+    assert "interrupted while starting" in server.text and "Traceback" not in server.text, (
+        server.text
     )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    out: list[str] = []
-    try:
-        deadline = time.monotonic() + 300  # a hang guard, not a measurement
-        while not any("deploying kvray-demo" in x for x in out):
-            assert proc.poll() is None, "".join(out)
-            assert time.monotonic() < deadline, "".join(out)
-            with contextlib.suppress(queue.Empty):
-                out.append(lines.get(timeout=1))
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=180) == 130
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    while True:  # the reader thread ends with the process's output
-        try:
-            out.append(lines.get(timeout=5))
-        except queue.Empty:
-            break
-    text = "".join(out)
-    assert "interrupted while starting" in text and "Traceback" not in text, text
     assert "kvray" not in serve.status().applications

@@ -89,6 +89,31 @@ def scrape_until(url: str, ok: Any, what: str) -> Scrape:
     return wait_for(lambda: scrape(url), ok, what)
 
 
+Expected = list[tuple[str, dict[str, str], float]]
+
+
+def until_values(url: str, host: Host, expected: Expected, what: str) -> Scrape:
+    """Scrape until every expected value of this host's series is exported.
+
+    Ray's agent exports metric by metric, so one metric having arrived says nothing about
+    another (a histogram showed up a scrape before a counter recorded earlier). Waiting on
+    all of them keeps each check exact without racing the exporter; a value that never
+    comes is named when the wait gives up.
+    """
+    last: list[Scrape] = []
+
+    def wrong() -> list[str]:
+        last[:] = [scrape(url)]
+        return [
+            f"{name}{labels or ''}: {got} != {want}"
+            for name, labels, want in expected
+            if (got := host.value(last[0], name, **labels)) != want
+        ]
+
+    wait_for(wrong, lambda w: not w, what)
+    return last[0]
+
+
 def finished(
     prompt_len: int,
     gen_lens: list[int],
@@ -124,27 +149,44 @@ def finished(
 def test_counters_exist_at_zero_before_anything_happens(exporter: Any) -> None:
     """Zero-initialised series: rate() then sees the first preemption, 429 or abort."""
     host, url = exporter
-    s = scrape_until(
-        url,
-        lambda s: host.value(s, "kvray_request_success_total", finish_reason="abort") is not None,
-        "zero-initialised counters",
-    )
-    for name in (
+    names = (
         "kvray_num_preemptions_total",
         "kvray_prefix_cache_queries_total",
         "kvray_prefix_cache_hits_total",
         "kvray_prompt_tokens_total",
         "kvray_generation_tokens_total",
-    ):
-        assert host.value(s, name) == 0, name
-    for reason in ("stop", "length", "abort"):
-        assert host.value(s, "kvray_request_success_total", finish_reason=reason) == 0
-    for decision in ("affinity", "load", "fallback"):
-        assert s.value("ray_kvray_router_routing_total", decision=decision) is not None
-    for reason in ("queue_full", "unauthenticated"):
-        assert s.value("ray_kvray_router_rejected_total", reason=reason) is not None
-    for protocol, code in (("http", "200"), ("http", "429"), ("grpc", "RESOURCE_EXHAUSTED")):
-        assert s.value("ray_kvray_router_requests_total", protocol=protocol, code=code) is not None
+    )
+    until_values(
+        url,
+        host,
+        [(name, {}, 0) for name in names]
+        + [
+            ("kvray_request_success_total", {"finish_reason": reason}, 0)
+            for reason in ("stop", "length", "abort")
+        ],
+        "zero-initialised engine counters",
+    )
+    # Router series carry no replica label (earlier tests may have moved them): present is
+    # what counts here.
+    router_series = (
+        [
+            ("ray_kvray_router_routing_total", {"decision": d})
+            for d in ("affinity", "load", "fallback")
+        ]
+        + [
+            ("ray_kvray_router_rejected_total", {"reason": r})
+            for r in ("queue_full", "unauthenticated")
+        ]
+        + [
+            ("ray_kvray_router_requests_total", {"protocol": p, "code": c})
+            for p, c in (("http", "200"), ("http", "429"), ("grpc", "RESOURCE_EXHAUSTED"))
+        ]
+    )
+    scrape_until(
+        url,
+        lambda s: all(s.value(name, **labels) is not None for name, labels in router_series),
+        "zero-initialised router counters",
+    )
 
 
 def test_stats_set_gauges_and_advance_counters_by_delta(exporter: Any) -> None:
@@ -163,27 +205,33 @@ def test_stats_set_gauges_and_advance_counters_by_delta(exporter: Any) -> None:
     ]  # fmt: skip
     for snap in snapshots[:2]:
         host.call("engine", "observe_stats", snap)
-    s = scrape_until(
+    until_values(
         url,
-        lambda s: host.value(s, "kvray_prefix_cache_queries_total") == 150,
-        "prefix-cache counter after two snapshots",
+        host,
+        [
+            ("kvray_num_requests_running", {}, 1),
+            ("kvray_num_requests_waiting", {}, 0),
+            ("kvray_kv_cache_usage_ratio", {}, 0.5),
+            ("kvray_kv_cache_blocks", {}, 120),
+            ("kvray_prefix_cache_queries_total", {}, 150),
+            ("kvray_prefix_cache_hits_total", {}, 90),
+            ("kvray_num_preemptions_total", {}, 5),
+        ],
+        "gauges and counters after two snapshots",
     )
-    assert host.value(s, "kvray_num_requests_running") == 1
-    assert host.value(s, "kvray_num_requests_waiting") == 0
-    assert host.value(s, "kvray_kv_cache_usage_ratio") == 0.5
-    assert host.value(s, "kvray_kv_cache_blocks") == 120
-    assert host.value(s, "kvray_prefix_cache_hits_total") == 90
-    assert host.value(s, "kvray_num_preemptions_total") == 5
 
     host.call("engine", "observe_stats", snapshots[2])
-    s = scrape_until(
+    until_values(
         url,
-        lambda s: host.value(s, "kvray_prefix_cache_queries_total") == 160,
+        host,
+        [
+            ("kvray_prefix_cache_queries_total", {}, 160),
+            ("kvray_prefix_cache_hits_total", {}, 95),
+            ("kvray_num_preemptions_total", {}, 6),
+            ("kvray_kv_cache_usage_ratio", {}, 0.0),
+        ],
         "counters after an engine restart",
     )
-    assert host.value(s, "kvray_prefix_cache_hits_total") == 95
-    assert host.value(s, "kvray_num_preemptions_total") == 6
-    assert host.value(s, "kvray_kv_cache_usage_ratio") == 0.0
 
 
 def test_finished_requests_feed_tokens_outcomes_and_latency_histograms(exporter: Any) -> None:
@@ -195,38 +243,41 @@ def test_finished_requests_feed_tokens_outcomes_and_latency_histograms(exporter:
     ]
     for out in outs:
         host.call("engine", "observe_finished", out)
-    s = scrape_until(
+    ttft = "kvray_time_to_first_token_seconds_bucket"
+    itl = "kvray_inter_token_latency_seconds_bucket"
+    until_values(
         url,
-        lambda s: host.value(s, "kvray_time_to_first_token_seconds_count") == 3,
+        host,
+        [
+            ("kvray_time_to_first_token_seconds_count", {}, 3),
+            # Token counters equal what the API's usage reports: prompt ids and every
+            # sample's ids.
+            ("kvray_prompt_tokens_total", {}, 7 + 20 + 1),
+            ("kvray_generation_tokens_total", {}, 4 + 3 + 5 + 0),
+            # One outcome per request; the most telling reason of its samples.
+            ("kvray_request_success_total", {"finish_reason": "stop"}, 1),
+            ("kvray_request_success_total", {"finish_reason": "length"}, 1),
+            ("kvray_request_success_total", {"finish_reason": "abort"}, 1),
+            # Bucket counts are exact in Ray's exporter (unlike _sum, rebuilt from midpoints).
+            (ttft, {"le": "0.001"}, 1),  # the 0 s one
+            (ttft, {"le": "0.06"}, 2),  # + 0.05 s
+            (ttft, {"le": "1.0"}, 2),
+            (ttft, {"le": "1.5"}, 3),  # + 1.2 s
+            ("kvray_inter_token_latency_seconds_count", {}, 7),  # every gap
+            (itl, {"le": "0.0005"}, 1),
+            (itl, {"le": "0.015"}, 4),
+            (itl, {"le": "0.2"}, 4),
+            (itl, {"le": "0.4"}, 7),
+            ("kvray_e2e_request_latency_seconds_count", {}, 3),
+            ("kvray_request_queue_time_seconds_bucket", {"le": "0.0025"}, 3),
+            ("kvray_request_prompt_tokens_count", {}, 3),
+            ("kvray_request_prompt_tokens_bucket", {"le": "1.0"}, 1),
+            ("kvray_request_prompt_tokens_bucket", {"le": "10.0"}, 2),
+            ("kvray_request_generation_tokens_bucket", {"le": "5.0"}, 2),
+            ("kvray_request_generation_tokens_bucket", {"le": "10.0"}, 3),
+        ],
         "three finished requests",
     )
-    # Token counters equal what the API's usage reports: prompt ids and every sample's ids.
-    assert host.value(s, "kvray_prompt_tokens_total") == 7 + 20 + 1
-    assert host.value(s, "kvray_generation_tokens_total") == 4 + 3 + 5 + 0
-    # One outcome per request; the most telling reason of its samples.
-    assert host.value(s, "kvray_request_success_total", finish_reason="stop") == 1
-    assert host.value(s, "kvray_request_success_total", finish_reason="length") == 1
-    assert host.value(s, "kvray_request_success_total", finish_reason="abort") == 1
-
-    # Bucket counts are exact in Ray's exporter (unlike _sum, rebuilt from midpoints).
-    ttft = "kvray_time_to_first_token_seconds_bucket"
-    assert host.value(s, ttft, le="0.001") == 1  # the 0 s one
-    assert host.value(s, ttft, le="0.06") == 2  # + 0.05 s
-    assert host.value(s, ttft, le="1.0") == 2
-    assert host.value(s, ttft, le="1.5") == 3  # + 1.2 s
-    itl = "kvray_inter_token_latency_seconds_bucket"
-    assert host.value(s, "kvray_inter_token_latency_seconds_count") == 7  # every gap
-    assert host.value(s, itl, le="0.0005") == 1
-    assert host.value(s, itl, le="0.015") == 4
-    assert host.value(s, itl, le="0.2") == 4
-    assert host.value(s, itl, le="0.4") == 7
-    assert host.value(s, "kvray_e2e_request_latency_seconds_count") == 3
-    assert host.value(s, "kvray_request_queue_time_seconds_bucket", le="0.0025") == 3
-    assert host.value(s, "kvray_request_prompt_tokens_count") == 3
-    assert host.value(s, "kvray_request_prompt_tokens_bucket", le="1.0") == 1
-    assert host.value(s, "kvray_request_prompt_tokens_bucket", le="10.0") == 2
-    assert host.value(s, "kvray_request_generation_tokens_bucket", le="5.0") == 2
-    assert host.value(s, "kvray_request_generation_tokens_bucket", le="10.0") == 3
 
 
 def test_an_aborted_request_counts_as_abort(exporter: Any) -> None:
@@ -296,21 +347,34 @@ def all_families(s: Scrape) -> bool:
     return all(f"ray_{n}" in s.types for n in KVRAY_METRICS)
 
 
+def engine_samples(s: Scrape, host: Host) -> dict[str, list[Any]]:
+    """Each engine metric's samples for this host's replica (a histogram's `_count`)."""
+    return {
+        name: s.find(
+            f"ray_{name}_count" if kind == "histogram" else f"ray_{name}", replica=host.replica
+        )
+        for name, kind in ENGINE_METRICS.items()
+    }
+
+
 def test_exported_names_types_and_labels_are_design_md(exporter: Any) -> None:
     """Every DESIGN.md metric is scraped as ray_<name> with its type; nothing extra."""
     host, url = exporter
     feed_one_of_everything(host)
+    # Ray's agent exports metrics in batches that need not line up with one scrape: wait
+    # until this replica's series of every engine metric has arrived, not just one of them.
     s = scrape_until(
         url,
-        lambda s: all_families(s) and host.value(s, "kvray_iteration_tokens_count") == 2,
-        "every kvray metric family",
+        lambda s: (
+            all_families(s)
+            and host.value(s, "kvray_iteration_tokens_count") == 2
+            and all(engine_samples(s, host).values())
+        ),
+        "every kvray metric family with this replica's series",
     )
     exported = {n: t for n, t in s.types.items() if n.startswith("ray_kvray_")}
     assert exported == {f"ray_{n}": t for n, t in KVRAY_METRICS.items()}
-    for name, kind in ENGINE_METRICS.items():
-        sample_name = f"ray_{name}_count" if kind == "histogram" else f"ray_{name}"
-        samples = s.find(sample_name, replica=host.replica)
-        assert samples, name
+    for name, samples in engine_samples(s, host).items():
         for sample in samples:
             assert sample.labels["model"] == MODEL, name
 

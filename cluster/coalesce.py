@@ -10,7 +10,8 @@ fewer, larger messages instead of a growing backlog.
 Serve ships a replica's yields without ever blocking the generator, so on its own the merging
 above rarely kicks in there; `interval_s` adds a floor between two yields (the first output
 and the finished one always go at once). Like vLLM's and SGLang's stream interval, it trades
-chunk granularity for far fewer messages per generated token.
+chunk granularity for far fewer messages per generated token. It may be a function, read
+before each wait, so the floor can follow the load (see `cluster.llm_server`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from workers.outputs import CompletionOutput, RequestOutput
 
@@ -44,11 +45,12 @@ def merge_outputs(outs: Sequence[RequestOutput]) -> RequestOutput:
 
 
 async def coalesced(
-    stream: AsyncIterator[RequestOutput], interval_s: float = 0.0
+    stream: AsyncIterator[RequestOutput], interval_s: float | Callable[[], float] = 0.0
 ) -> AsyncIterator[RequestOutput]:
     """`stream`, with outputs that arrive while the consumer is busy (or within `interval_s`
     of the previous yield) merged into one."""
     loop = asyncio.get_running_loop()
+    interval = interval_s if callable(interval_s) else lambda: interval_s
     pending: list[RequestOutput] = []
     ready = asyncio.Event()
     last = asyncio.Event()  # the finished output (or the end) is in `pending`
@@ -68,11 +70,11 @@ async def coalesced(
             ready.set()
 
     task = loop.create_task(pump())
-    next_at = 0.0
+    last_yield = -float("inf")
     try:
         while True:
             await ready.wait()
-            wait = next_at - loop.time()
+            wait = last_yield + interval() - loop.time()
             if wait > 0 and not last.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(last.wait(), wait)
@@ -80,7 +82,7 @@ async def coalesced(
             if pending:
                 batch = pending[:]
                 pending.clear()
-                next_at = loop.time() + interval_s
+                last_yield = loop.time()
                 yield merge_outputs(batch)
             if last.is_set() and task.done() and not pending:
                 if failure and not isinstance(failure[0], asyncio.CancelledError):

@@ -41,9 +41,11 @@ class ServeConfig:
     ingress_replicas: int = 1
     grpc_max_message_bytes: int = 4 * 1024 * 1024
     request_router: str = "prefix_affinity"  # prefix_affinity | power_of_two (Serve's default)
-    # Least time between two streamed chunks of one request (first and last go at once):
-    # fewer, larger chunks cost the replica -> ingress -> proxy -> client path far less.
-    stream_interval_ms: int = 0
+    # Most time a streamed token may wait to travel with later ones (first and last chunks go
+    # at once). The wait grows with the replica's streams up to this; 0: every token at once.
+    # Fewer, larger chunks cost the replica -> ingress -> proxy -> client path far less.
+    # 50 ms is Ray Serve LLM's stream batching interval.
+    stream_interval_ms: int = 50
 
     def __post_init__(self) -> None:
         _validate(self)

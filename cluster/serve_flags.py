@@ -105,6 +105,12 @@ def add_serve_flags(parser: argparse.ArgumentParser, default_host: str) -> None:
         "chunk (default %(default)s)",
     )
     s.add_argument(
+        "--no-engine-process",
+        action="store_true",
+        help="run each replica's engine core on a thread of the replica instead of in a child "
+        "process of its own (TP = 1; TP > 1 always uses a thread)",
+    )
+    s.add_argument(
         "--ingress-replicas",
         type=int,
         default=d.ingress_replicas,
@@ -161,6 +167,7 @@ def config_from_flags(args: argparse.Namespace) -> ServeConfig:
         ingress_replicas=args.ingress_replicas,
         request_router=args.request_router,
         stream_interval_ms=args.stream_interval_ms,
+        engine_process=not args.no_engine_process,
     )
 
 

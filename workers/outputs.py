@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # One position's logprobs: {token_id: logprob} holding the top-N and the chosen token.
 TokenLogprobs = dict[int, float]
@@ -52,3 +52,16 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
+
+
+def deltas_only(out: RequestOutput) -> RequestOutput:
+    """A running output without its cumulative fields: what a stream consumer needs, and far
+    less to serialize per chunk (the finished output still carries everything)."""
+    if out.finished or (not out.prompt_token_ids and not any(c.token_ids for c in out.outputs)):
+        return out  # finished, or stripped already (the process core sends them so)
+    return replace(
+        out,
+        prompt=None,
+        prompt_token_ids=[],
+        outputs=[replace(c, text="", token_ids=[], logprobs=None) for c in out.outputs],
+    )

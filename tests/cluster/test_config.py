@@ -14,6 +14,7 @@ def test_defaults_match_the_contract() -> None:
     assert c.api_key_env == "KVRAY_API_KEY" and c.device == "auto" and c.enable_prefix_caching
     assert c.grpc_max_message_bytes == 4 * 1024 * 1024 and c.ingress_replicas == 1
     assert c.model_name() == "kvray-demo" and not c.autoscaling
+    assert c.engine_process  # TP = 1 engine cores run in a child process of the replica
 
 
 def test_unknown_args_are_an_error_listing_valid_keys() -> None:
@@ -33,6 +34,7 @@ def test_unknown_args_are_an_error_listing_valid_keys() -> None:
         ({"api_key_env": "not a var"}, "api_key_env"),
         ({"request_router": "random"}, "request_router"),
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
+        ({"engine_process": 1}, "engine_process"),
     ],
 )
 def test_bad_values_name_the_field(args: dict, field: str) -> None:

@@ -37,6 +37,7 @@ def test_yaml_shape_and_schema(tmp_path: Path) -> None:
         "--max-replicas", "4",
         "--api-key", "sk-unique-7781",
         "--stream-interval-ms", "20",
+        "--no-engine-process",
     )  # fmt: skip
     ServeDeploySchema.model_validate(doc)  # what `serve deploy` checks
     assert doc["http_options"] == {"host": "0.0.0.0", "port": 8000}
@@ -51,6 +52,7 @@ def test_yaml_shape_and_schema(tmp_path: Path) -> None:
     assert "sk-unique-7781" not in yaml.safe_dump(doc)  # the key itself is never written
     assert app["args"]["api_key_env"] == "KVRAY_API_KEY"
     assert app["args"]["stream_interval_ms"] == 20
+    assert app["args"]["engine_process"] is False
 
 
 @pytest.fixture(scope="module")

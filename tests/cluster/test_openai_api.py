@@ -6,6 +6,7 @@ Greedy outputs must equal the offline engine's (`workers.LLM`) on the same demo 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,40 @@ def test_tokenize_detokenize_round_trip(kvray_app: App) -> None:
 def test_health_and_ready_need_no_key(kvray_app: App) -> None:
     assert httpx.get(f"{kvray_app.base_url}/health").status_code == 200
     assert httpx.get(f"{kvray_app.base_url}/ready").status_code == 200
+
+
+def test_served_by_haproxy_and_engine_processes(kvray_app: App) -> None:
+    """The fast path is the one under test: HAProxy holds the HTTP port (Serve's Python
+    proxy does not), and each replica's engine core is its own process."""
+    port = int(kvray_app.base_url.split(":")[-1].split("/")[0])
+    owners = {_cmdline(pid) for pid in _listening_pids(port)}
+    assert owners and all("haproxy" in c for c in owners), owners
+    stats = replica_stats(kvray_app, 2)
+    assert [s["engine_core"] for s in stats.values()] == ["process", "process"]
+
+
+def _listening_pids(port: int) -> set[int]:
+    """Processes holding a listening TCP socket on `port` (Linux /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
+                    inodes.add(cols[9])
+    pids = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            links = {os.readlink(fd) for fd in fd_dir.iterdir()}
+        except OSError:
+            continue
+        if any(f"socket:[{i}]" in links for i in inodes):
+            pids.add(int(fd_dir.parent.name))
+    return pids
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
 def test_disconnect_mid_stream_frees_every_kv_block(kvray_app: App) -> None:

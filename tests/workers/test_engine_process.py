@@ -1,0 +1,132 @@
+"""The engine core in a child process: its failures reach every caller, and it never outlives
+its parent or leaks a process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers import AsyncEngine, SamplingParams
+from workers.config import EngineArgs
+from workers.errors import EngineDeadError
+
+LONG = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+
+
+def _args(model: Path) -> EngineArgs:
+    return EngineArgs(model=str(model), kv_cache_memory_bytes=16 << 20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited all the same.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_running_outputs_are_deltas_and_the_last_has_everything(demo_dir) -> None:
+    eng = AsyncEngine(_args(demo_dir), process=True)
+
+    async def main():  # noqa: ANN202
+        outs = [o async for o in eng.generate("hello", SamplingParams(max_tokens=12), "d")]
+        return outs
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        eng.shutdown()
+    running, last = outs[:-1], outs[-1]
+    assert running and all(o.outputs[0].token_ids == [] and not o.finished for o in running)
+    streamed = [t for o in outs for t in o.outputs[0].delta_token_ids]
+    assert last.finished and last.outputs[0].token_ids == streamed and len(streamed) == 12
+    assert last.prompt_token_ids and last.metrics is not None
+    assert eng._core._proc.returncode == 0  # shutdown() stopped the child cleanly
+
+
+def test_killed_child_fails_every_caller(demo_dir) -> None:
+    eng = AsyncEngine(_args(demo_dir), process=True)
+    pid = eng._core.pid
+
+    async def one(i: int) -> int:
+        n = 0
+        async for out in eng.generate(f"prompt {i}", LONG, f"k{i}"):
+            n += len(out.outputs[0].delta_token_ids)
+        return n
+
+    async def main():  # noqa: ANN202
+        tasks = [asyncio.create_task(one(i)) for i in range(8)]
+        while eng.stats().generation_tokens < 16:  # streaming for real
+            await asyncio.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+    try:
+        results = asyncio.run(main())
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert not eng.healthy
+        with pytest.raises(EngineDeadError, match="exited"):
+            eng.check_health()
+
+        async def later():  # noqa: ANN202
+            async for _ in eng.generate("x", LONG, "late"):
+                pass
+
+        with pytest.raises(EngineDeadError):
+            asyncio.run(asyncio.wait_for(later(), timeout=10))
+    finally:
+        eng.shutdown()
+
+
+def test_child_that_cannot_load_the_model_fails_the_constructor(demo_dir, tmp_path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(demo_dir, broken)
+    for f in broken.glob("*.safetensors"):
+        f.write_bytes(b"not a checkpoint")
+    with pytest.raises(EngineDeadError, match="failed to start"):
+        AsyncEngine(_args(broken), process=True)
+
+
+def test_child_exits_when_its_parent_is_killed(demo_dir, tmp_path) -> None:
+    """A replica killed with SIGKILL (Ray does that) must not leave its engine running."""
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import sys, time\n"
+        "from workers import AsyncEngine\n"
+        "from workers.config import EngineArgs\n"
+        f"eng = AsyncEngine(EngineArgs(model={str(demo_dir)!r}, kv_cache_memory_bytes=16 << 20),"
+        " process=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(eng._core.pid))\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        assert _alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _wait_gone(child), "the engine process outlived its parent"

@@ -1,0 +1,282 @@
+"""The engine core in a child process, so its step loop never shares a GIL with a server.
+
+In a Ray Serve replica the engine thread and Serve's request handling (gRPC, pickling,
+routing-stats, streaming) share one interpreter: every millisecond Serve spends holding the
+GIL is a millisecond the step loop waits. `EngineProcess` runs the LLMEngine in a child
+process instead (as vLLM V1's EngineCore does) and talks to it over one socket pair:
+
+    parent -> child   ("add", request_id, prompt, params, arrival_time) | ("abort", id) | ("stop",)
+    child -> parent   ("ready", num_blocks) | ("step", outputs, stats, step_token_counts)
+                      | ("rejected", request_id, message) | ("fatal", message) | ("stopped",)
+
+One "step" message carries every output of one engine step; running outputs travel as
+deltas only (`workers.outputs.deltas_only`), the finished one with everything. A reader
+thread in the parent hands them to the sink (`workers.async_engine.AsyncEngine`).
+
+The child exits when the parent closes the socket, dies, or sends "stop"; if the child dies,
+the reader sees the socket close and fails every request with EngineDeadError. TP = 1 only:
+for TP > 1 the forward pass already runs in the ranks' Ray actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Protocol
+
+from workers.config import EngineConfig
+from workers.errors import EngineDeadError
+from workers.outputs import RequestOutput, deltas_only
+from workers.sampling_params import SamplingParams
+from workers.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+# How often the child checks that its parent is still there (a parent killed while the child
+# is busy loading or stepping is noticed here, not only at the next socket write).
+PARENT_CHECK_S = 1.0
+
+
+class OutputSink(Protocol):
+    """Where an engine core delivers, from its own thread."""
+
+    def outputs(self, outs: list[RequestOutput]) -> None: ...
+    def rejected(self, request_id: str, err: ValueError) -> None: ...
+    def failed(self, cause: BaseException) -> None: ...
+
+
+class EngineProcess:
+    """Parent side: starts the child, sends it commands, reads its outputs on a thread."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from workers.tokenizer import Tokenizer
+
+        self.config = config
+        self.model_name = config.served_model_name
+        self.max_model_len = config.scheduler.max_model_len
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.engine_process", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=_child_env(),
+            )
+        self._conn = Connection(ours.detach())
+        self._send_lock = threading.Lock()
+        self._stats = EngineStats()
+        self._step_counts: deque[int] = deque(maxlen=4096)
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._reader: threading.Thread | None = None
+        self.pid = self._proc.pid
+        try:
+            self._send(config)
+            # While the child loads the model. The parent tokenizes nothing for the engine;
+            # servers use the tokenizer for chat templates, /tokenize and vocabulary checks.
+            self.tokenizer = Tokenizer.from_pretrained(config.model.path)
+            msg = self._conn.recv()  # blocks until the child is ready (or gone)
+        except (EOFError, OSError):
+            msg = ("fatal", f"engine process exited with code {self._proc.wait()}")
+        except BaseException:  # the tokenizer failed, or we were interrupted: no orphan
+            self._proc.kill()
+            self._proc.wait()
+            self._close()
+            raise
+        if msg[0] != "ready":
+            self._close()
+            raise EngineDeadError(f"engine process failed to start: {msg[1]}")
+        self.num_blocks = int(msg[1])
+        log.info("engine process %d ready: %d KV blocks", self.pid, self.num_blocks)
+
+    def start(self, sink: OutputSink) -> None:
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(sink,), name="kvray-engine-reader", daemon=True
+        )
+        self._reader.start()
+
+    # -- commands (any thread) ------------------------------------------------------------------
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        self._send(("add", request_id, prompt, params, time.monotonic()))
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def pop_step_token_counts(self) -> list[int]:
+        counts = []
+        while self._step_counts:
+            counts.append(self._step_counts.popleft())
+        return counts
+
+    def is_alive(self) -> bool:
+        return self._error is None and self._proc.poll() is None
+
+    def check_health(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"engine failed: {self._error}")
+        code = self._proc.poll()
+        if code is not None:
+            raise EngineDeadError(f"engine process {self.pid} exited with code {code}")
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        try:
+            self._send(("stop",))
+        except EngineDeadError:
+            pass
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            log.warning("engine process %d did not stop; killing it", self.pid)
+            self._proc.kill()
+            self._proc.wait()
+        self._close()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _send(self, msg: Any) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError) as err:  # closed socket, or the child is gone
+            raise EngineDeadError(f"engine process {self.pid} is not running: {err}") from None
+
+    def _read_loop(self, sink: OutputSink) -> None:
+        try:
+            while True:
+                msg = self._conn.recv()
+                kind = msg[0]
+                if kind == "step":
+                    _, outs, stats, counts = msg
+                    self._stats = stats
+                    self._step_counts.extend(counts)
+                    if outs:
+                        sink.outputs(outs)
+                elif kind == "rejected":
+                    sink.rejected(msg[1], ValueError(msg[2]))
+                elif kind == "stopped":
+                    return
+                else:  # "fatal": the child's step loop failed and it is exiting
+                    raise EngineDeadError(msg[1])
+        except (EOFError, OSError) as err:
+            if self._stopping:
+                return
+            code = self._proc.wait()
+            self._fail(sink, EngineDeadError(f"engine process {self.pid} exited (code {code})"))
+            log.error("engine process %d exited (code %s): %s", self.pid, code, err)
+        except BaseException as err:  # noqa: BLE001 - any failure kills the engine, loudly
+            self._fail(sink, err)
+
+    def _fail(self, sink: OutputSink, err: BaseException) -> None:
+        self._error = err
+        sink.failed(err)
+
+    def _close(self) -> None:
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the directory holding `workers` first on the child's path
+    (a Ray worker may have found the package through its runtime env, not site-packages)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = root if not path else f"{root}{os.pathsep}{path}"
+    return env
+
+
+# -- the child --------------------------------------------------------------------------------
+
+
+def serve_engine(conn: Connection) -> int:
+    """The child's whole life: build the engine, then read commands and step until told to
+    stop or the parent goes away. Returns the exit code."""
+    from workers.engine import LLMEngine
+
+    config: EngineConfig = conn.recv()
+    try:
+        engine = LLMEngine(config)
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("fatal", traceback.format_exc(limit=5)))
+        return 1
+    conn.send(("ready", engine.block_manager.num_blocks))
+    last_stats = None
+    try:
+        while True:
+            outs: list[RequestOutput] = []
+            # Block while idle; between steps take whatever arrived, without waiting.
+            timeout = 0.0 if engine.has_unfinished() else None
+            while conn.poll(timeout):
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "add":
+                    _, rid, prompt, params, arrival = msg
+                    try:
+                        engine.add_request(rid, prompt, params, stream=True, arrival_time=arrival)
+                    except ValueError as err:
+                        conn.send(("rejected", rid, str(err)))
+                elif kind == "abort":
+                    out = engine.abort(msg[1])
+                    if out is not None:
+                        outs.append(out)
+                else:  # "stop"
+                    engine.shutdown()
+                    conn.send(("stopped",))
+                    return 0
+                timeout = 0.0
+            if engine.has_unfinished():
+                outs.extend(deltas_only(o) for o in engine.step())
+            stats = engine.stats()
+            counts = engine.pop_step_token_counts()
+            if outs or counts or stats != last_stats:
+                conn.send(("step", outs, stats, counts))
+                last_stats = stats
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return 0  # the parent went away: nobody is listening
+    except BaseException:  # noqa: BLE001 - the step loop failed: tell the parent, then exit
+        log.exception("engine step failed")
+        try:
+            conn.send(("fatal", traceback.format_exc(limit=5)))
+        except OSError:
+            pass
+        return 1
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while True:
+        time.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s engine-process %(message)s"
+    )
+    threading.Thread(
+        target=_exit_when_orphaned, args=(os.getppid(),), name="kvray-orphan-check", daemon=True
+    ).start()
+    conn = Connection(int(argv[0]))
+    try:
+        return serve_engine(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -157,12 +157,14 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 if out.finished:
-                    del self._streams[out.request_id]
+                    # pop, not del: the caller's loop may be dropping the stream right now.
+                    self._streams.pop(out.request_id, None)
                 batches.setdefault(stream[0], []).append((stream[1], out))
         for loop, items in batches.items():
             _deliver_many(loop, items)
 
-    def rejected(self, request_id: str, err: ValueError) -> None:
+    def rejected(self, request_id: str, err: Exception) -> None:
+        """The core refused the request (ValueError: bad input); its caller gets `err`."""
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             _deliver_many(stream[0], [(stream[1], err)])
@@ -201,7 +203,7 @@ class EngineThread:
         def add(engine: LLMEngine) -> None:
             try:
                 engine.add_request(request_id, prompt, params, stream=True)
-            except ValueError as err:
+            except Exception as err:  # noqa: BLE001 - the caller gets it, nobody waits forever
                 self._sink.rejected(request_id, err)
 
         self._call(add)

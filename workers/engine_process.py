@@ -7,7 +7,8 @@ process instead (as vLLM V1's EngineCore does) and talks to it over one socket p
 
     parent -> child   ("add", request_id, prompt, params, arrival_time) | ("abort", id) | ("stop",)
     child -> parent   ("ready", num_blocks) | ("step", outputs, stats, step_token_counts)
-                      | ("rejected", request_id, message) | ("fatal", message) | ("stopped",)
+                      | ("rejected", request_id, message, bad_input) | ("fatal", message)
+                | ("stopped",)
 
 One "step" message carries every output of one engine step; running outputs travel as
 deltas only (`workers.outputs.deltas_only`), the finished one with everything. A reader
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,7 +52,7 @@ class OutputSink(Protocol):
     """Where an engine core delivers, from its own thread."""
 
     def outputs(self, outs: list[RequestOutput]) -> None: ...
-    def rejected(self, request_id: str, err: ValueError) -> None: ...
+    def rejected(self, request_id: str, err: Exception) -> None: ...
     def failed(self, cause: BaseException) -> None: ...
 
 
@@ -68,6 +70,7 @@ class EngineProcess:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "workers.engine_process", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
                 env=_child_env(),
             )
         self._conn = Connection(ours.detach())
@@ -165,7 +168,8 @@ class EngineProcess:
                     if outs:
                         sink.outputs(outs)
                 elif kind == "rejected":
-                    sink.rejected(msg[1], ValueError(msg[2]))
+                    _, rid, text, bad_input = msg
+                    sink.rejected(rid, ValueError(text) if bad_input else RuntimeError(text))
                 elif kind == "stopped":
                     return
                 else:  # "fatal": the child's step loop failed and it is exiting
@@ -228,8 +232,9 @@ def serve_engine(conn: Connection) -> int:
                     _, rid, prompt, params, arrival = msg
                     try:
                         engine.add_request(rid, prompt, params, stream=True, arrival_time=arrival)
-                    except ValueError as err:
-                        conn.send(("rejected", rid, str(err)))
+                    except Exception as err:  # noqa: BLE001 - that request fails, not the engine
+                        bad = isinstance(err, ValueError)
+                        conn.send(("rejected", rid, str(err) if bad else repr(err), bad))
                 elif kind == "abort":
                     out = engine.abort(msg[1])
                     if out is not None:
@@ -265,6 +270,9 @@ def _exit_when_orphaned(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # Ctrl-C reaches the whole process group; the parent decides when the engine stops
+    # (a server drains its requests first).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s engine-process %(message)s"
     )

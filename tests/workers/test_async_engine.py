@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from tests.workers.failures import assert_dead_for_good
 from tests.workers.scripted import make_scripted_checkpoint
 from workers import LLM, AsyncEngine, SamplingParams
 from workers.config import EngineArgs
@@ -104,16 +105,7 @@ def test_step_failure_reaches_every_caller(demo_dir) -> None:
 
     results = asyncio.run(main())
     assert all(isinstance(r, EngineDeadError) for r in results), results
-    assert not eng.healthy
-    with pytest.raises(EngineDeadError):
-        eng.check_health()
-
-    async def later():  # noqa: ANN202
-        async for _ in eng.generate("x", GREEDY, "late"):
-            pass
-
-    with pytest.raises(EngineDeadError):
-        asyncio.run(asyncio.wait_for(later(), timeout=10))
+    assert_dead_for_good(eng, GREEDY)
     eng.shutdown()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.workers.failures import assert_dead_for_good, fail_while_streaming
 from workers import AsyncEngine, SamplingParams
 from workers.config import EngineArgs
 from workers.errors import EngineDeadError
@@ -65,34 +66,10 @@ def test_running_outputs_are_deltas_and_the_last_has_everything(demo_dir) -> Non
 
 def test_killed_child_fails_every_caller(demo_dir) -> None:
     eng = AsyncEngine(_args(demo_dir), process=True)
-    pid = eng._core.pid
-
-    async def one(i: int) -> int:
-        n = 0
-        async for out in eng.generate(f"prompt {i}", LONG, f"k{i}"):
-            n += len(out.outputs[0].delta_token_ids)
-        return n
-
-    async def main():  # noqa: ANN202
-        tasks = [asyncio.create_task(one(i)) for i in range(8)]
-        while eng.stats().generation_tokens < 16:  # streaming for real
-            await asyncio.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-        return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-
     try:
-        results = asyncio.run(main())
+        results = fail_while_streaming(eng, LONG, lambda: os.kill(eng._core.pid, signal.SIGKILL))
         assert all(isinstance(r, EngineDeadError) for r in results), results
-        assert not eng.healthy
-        with pytest.raises(EngineDeadError, match="exited"):
-            eng.check_health()
-
-        async def later():  # noqa: ANN202
-            async for _ in eng.generate("x", LONG, "late"):
-                pass
-
-        with pytest.raises(EngineDeadError):
-            asyncio.run(asyncio.wait_for(later(), timeout=10))
+        assert_dead_for_good(eng, LONG, match="exited")
     finally:
         eng.shutdown()
 

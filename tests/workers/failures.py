@@ -38,7 +38,9 @@ def fail_while_streaming(
     return asyncio.run(main())
 
 
-def assert_dead_for_good(eng: AsyncEngine, params: SamplingParams, match: str = "") -> None:
+def assert_dead_for_good(
+    eng: AsyncEngine, params: SamplingParams, match: str | None = None
+) -> None:
     assert not eng.healthy
     with pytest.raises(EngineDeadError, match=match):
         eng.check_health()

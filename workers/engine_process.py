@@ -62,7 +62,6 @@ class EngineProcess:
     def __init__(self, config: EngineConfig) -> None:
         from workers.tokenizer import Tokenizer
 
-        self.config = config
         self.model_name = config.served_model_name
         self.max_model_len = config.scheduler.max_model_len
         ours, theirs = socket.socketpair()
@@ -95,8 +94,7 @@ class EngineProcess:
         if msg[0] != "ready":
             self._reap(timeout_s=10)  # it is exiting on its own
             raise EngineDeadError(f"engine process failed to start: {msg[1]}")
-        self.num_blocks = int(msg[1])
-        log.info("engine process %d ready: %d KV blocks", self.pid, self.num_blocks)
+        log.info("engine process %d ready: %d KV blocks", self.pid, int(msg[1]))
 
     def start(self, sink: OutputSink) -> None:
         self._reader = threading.Thread(

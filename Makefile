@@ -43,10 +43,10 @@ test: install lint
 	bash monitoring/install_prometheus.sh
 	$(PYTEST) tests/workers tests/helm tests/test_checkpoints.py
 	$(PYTEST) tests/monitoring
-	$(PYTEST) tests/cluster/test_metrics.py
-	$(PYTEST) tests/cluster/test_grpc_api.py
-	$(PYTEST) tests/cluster --ignore tests/cluster/test_metrics.py \
-		--ignore tests/cluster/test_grpc_api.py
+	$(PYTEST) tests/cluster/server/test_metrics.py
+	$(PYTEST) tests/cluster/grpc_api/test_grpc_api.py
+	$(PYTEST) tests/cluster --ignore tests/cluster/server/test_metrics.py \
+		--ignore tests/cluster/grpc_api/test_grpc_api.py
 
 bench: install
 	$(VENV)/bin/kvray bench throughput --compare

@@ -16,8 +16,8 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ServeConfig
-from cluster.llm_server import LLMServer
-from cluster.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
+from cluster.server.llm_server import LLMServer
+from cluster.server.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
 
 LLM_SERVER_NAME = "LLMServer"
 INGRESS_NAME = "OpenAIIngress"
@@ -30,8 +30,8 @@ GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 def build_app(args: Mapping[str, Any] | ServeConfig | None = None) -> serve.Application:
     """The application: OpenAIIngress and GrpcIngress bound to one LLMServer deployment."""
-    from cluster.grpc_api import bind_grpc_ingress
-    from cluster.openai_api import OpenAIIngress
+    from cluster.grpc_api.ingress import bind_grpc_ingress
+    from cluster.http.ingress import OpenAIIngress
 
     config = args if isinstance(args, ServeConfig) else ServeConfig.from_args(args)
     llm = serve.deployment(LLMServer, **llm_server_options(config)).bind(config)

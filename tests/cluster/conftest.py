@@ -83,7 +83,7 @@ def ray_session(demo_dir: Path) -> Iterator[None]:
 def serve_ports(ray_session: None) -> ServePorts:
     from ray import serve
 
-    from cluster.grpc_api import grpc_options
+    from cluster.grpc_api.ingress import grpc_options
 
     ports = ServePorts(http=free_port(), grpc=free_port())
     serve.start(

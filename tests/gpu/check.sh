@@ -14,5 +14,5 @@ assert torch.cuda.is_available(), "no CUDA device visible"
 print("cuda:", torch.cuda.get_device_name(0), "torch", torch.__version__)
 PYEOF
 KVRAY_TEST_DEVICE=cuda $PY -m pytest -q -x tests/gpu/test_cuda_parity.py 2>&1 | tee "$OUT/parity.log"
-$PY -m cluster.cli bench throughput --model random:qwen3-0.6b --dtype bfloat16 --compare \
+$PY -m cluster.cli.main bench throughput --model random:qwen3-0.6b --dtype bfloat16 --compare \
     --num-prompts 256 --result-json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"

@@ -311,8 +311,8 @@ def test_namespace_is_the_release_namespace(case):
 def test_serve_config_has_the_shape_kvray_config_writes(render):
     """`kvray config` is the reference Serve config; the chart's must agree on everything
     that is not a per-install value (gRPC options, import path, application name, ...)."""
+    from cluster.cli.config import serve_config as kvray_config
     from cluster.config import ServeConfig
-    from cluster.config_cmd import serve_config as kvray_config
 
     chart = serve_config(only(render(None), "RayService"))
     (chart_app,) = chart["applications"]

@@ -60,7 +60,7 @@ spec:
         - name: serve
           containerPort: {{ $v.serve.httpPort }}
         {{- if $isHead }}
-        # The gRPC ingress is pinned to the head (cluster/grpc_api.py).
+        # The gRPC ingress is pinned to the head (cluster/grpc_api/ingress.py).
         - name: grpc
           containerPort: {{ $v.serve.grpcPort }}
         {{- end }}

@@ -36,7 +36,7 @@ the application's own defaults apply.
 {{- end }}
 
 {{/*
-grpc_options: kvray's gRPC ingress (cluster/grpc_api.py) binds grpc_options.port on the head
+grpc_options: kvray's gRPC ingress (cluster/grpc_api/ingress.py) binds grpc_options.port on the head
 itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
 */}}
 {{- define "kvray.serveConfig" -}}

@@ -1,0 +1,202 @@
+"""Backends of `kvray bench serve`: one streaming request in, one RequestRecord out.
+
+- http:      streaming /v1/completions over aiohttp (the full path: proxy, ingress, router,
+             replica), token-id prompts, ignore_eos + max_tokens so lengths are exact.
+- inprocess: the same request on an AsyncEngine in this process (no Ray, no HTTP): the
+             baseline the HTTP path is measured against.
+- grpc:      provided by cluster/bench/grpc_backend.py as `open_grpc_backend(ctx) -> Backend`.
+
+A backend is opened with a BackendContext, used by concurrent `send` calls, then closed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cluster.bench.common import BenchRequest
+
+BACKENDS = ("http", "inprocess", "grpc")
+
+
+@dataclass
+class RequestRecord:
+    """What one request measured (times in seconds from its send)."""
+
+    ok: bool
+    prompt_len: int
+    output_len: int = 0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    e2e: float = 0.0
+    cached_tokens: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Everything a backend may need; each uses its part."""
+
+    model: str  # the model id sent in requests
+    model_dir: str  # checkpoint on this machine (inprocess; tokenizer for the workload)
+    base_url: str | None = None  # http: e.g. http://127.0.0.1:8000
+    grpc_address: str | None = None  # grpc: HOST:PORT
+    api_key: str | None = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # inprocess EngineArgs extras
+    torch_threads: int = 0  # inprocess: torch intra-op threads (0: torch's default)
+
+
+class Backend(Protocol):
+    name: str
+
+    async def send(self, req: BenchRequest) -> RequestRecord: ...
+
+    async def close(self) -> None: ...
+
+
+async def open_backend(name: str, ctx: BackendContext) -> Backend:
+    """The dispatch point: backend name -> an opened backend."""
+    if name == "http":
+        return await HttpBackend.open(ctx)
+    if name == "inprocess":
+        return await InProcessBackend.open(ctx)
+    if name == "grpc":
+        from cluster.bench.grpc_backend import open_grpc_backend
+
+        return await open_grpc_backend(ctx)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+
+
+class HttpBackend:
+    name = "http"
+
+    def __init__(self, ctx: BackendContext, session: Any) -> None:
+        self._ctx = ctx
+        self._session = session
+        self._url = f"{(ctx.base_url or '').rstrip('/')}/v1/completions"
+        self._headers = {"Content-Type": "application/json"}
+        if ctx.api_key:
+            self._headers["Authorization"] = f"Bearer {ctx.api_key}"
+
+    @staticmethod
+    async def open(ctx: BackendContext) -> HttpBackend:
+        import aiohttp
+
+        if not ctx.base_url:
+            raise ValueError("the http backend needs --base-url (or --launch)")
+        # No connection cap: --max-concurrency is the only limit on requests in flight.
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+        return HttpBackend(ctx, aiohttp.ClientSession(connector=connector, timeout=timeout))
+
+    async def send(self, req: BenchRequest) -> RequestRecord:
+        body = {
+            "model": self._ctx.model,
+            "prompt": list(req.prompt_ids),
+            "max_tokens": req.output_len,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
+        start = time.perf_counter()
+        last = start
+        try:
+            async with self._session.post(self._url, json=body, headers=self._headers) as resp:
+                if resp.status != 200:
+                    rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return rec
+                buf = b""
+                async for chunk in resp.content.iter_any():
+                    buf += chunk
+                    while b"\n\n" in buf:
+                        frame, buf = buf.split(b"\n\n", 1)
+                        if not frame.startswith(b"data: "):
+                            continue
+                        data = frame[6:]
+                        if data == b"[DONE]":
+                            continue
+                        now = time.perf_counter()
+                        msg = json.loads(data)
+                        if msg.get("error"):
+                            rec.error = str(msg["error"].get("message"))
+                            return rec
+                        if msg.get("choices"):
+                            if rec.ttft == 0.0:
+                                rec.ttft = now - start
+                            else:
+                                rec.itl.append(now - last)
+                            last = now
+                        usage = msg.get("usage")
+                        if usage:
+                            rec.output_len = usage["completion_tokens"]
+                            details = usage.get("prompt_tokens_details") or {}
+                            rec.cached_tokens = int(details.get("cached_tokens") or 0)
+        except Exception as err:  # a failed request is a data point, not a crash
+            rec.error = f"{type(err).__name__}: {err}"
+            return rec
+        rec.e2e = time.perf_counter() - start
+        rec.ok = rec.output_len > 0
+        if not rec.ok:
+            rec.error = "no usage in the stream"
+        return rec
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class InProcessBackend:
+    name = "inprocess"
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._ids = 0
+
+    @staticmethod
+    async def open(ctx: BackendContext) -> InProcessBackend:
+        import asyncio
+
+        from workers import AsyncEngine, EngineArgs
+
+        if ctx.torch_threads:
+            import torch
+
+            torch.set_num_threads(ctx.torch_threads)
+        args = EngineArgs(model=ctx.model_dir, **ctx.engine_kwargs)
+        return InProcessBackend(await asyncio.to_thread(AsyncEngine, args))
+
+    async def send(self, req: BenchRequest) -> RequestRecord:
+        from workers import SamplingParams
+
+        params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
+        self._ids += 1
+        rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
+        start = time.perf_counter()
+        last = start
+        out = None
+        try:
+            async for out in self._engine.generate(list(req.prompt_ids), params, f"b{self._ids}"):
+                now = time.perf_counter()
+                if out.outputs[0].delta_token_ids:
+                    if rec.ttft == 0.0:
+                        rec.ttft = now - start
+                    else:
+                        rec.itl.append(now - last)
+                    last = now
+        except Exception as err:
+            rec.error = f"{type(err).__name__}: {err}"
+            return rec
+        rec.e2e = time.perf_counter() - start
+        if out is not None:
+            rec.output_len = len(out.outputs[0].token_ids)
+            rec.cached_tokens = out.num_cached_tokens
+        rec.ok = rec.output_len > 0
+        return rec
+
+    async def close(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self._engine.shutdown)

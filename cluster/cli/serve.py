@@ -1,0 +1,189 @@
+"""`kvray serve`: start (or join) Ray, deploy the kvray application, serve until Ctrl-C/SIGTERM.
+
+With no flags: a local Ray instance, the built-in demo model, HTTP on 127.0.0.1:8000 (OpenAI
+API), gRPC on 127.0.0.1:9000, Ray metrics on :8080. Shutdown is graceful: Serve lets in-flight
+requests finish (up to the deployments' graceful_shutdown_timeout_s), then Ray stops; a second
+signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+from cluster.cli.config import APP_NAME
+from cluster.cli.flags import add_serve_flags, api_key_from, config_from_flags
+from cluster.config import ServeConfig
+from cluster.serve_env import SERVE_ENV, apply_serve_env
+
+logger = logging.getLogger("kvray.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_serve_flags(parser, default_host="127.0.0.1")
+    parser.add_argument(
+        "--address",
+        help="join an existing Ray cluster (e.g. 'auto' or HOST:6379) instead of starting one",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = config_from_flags(args)
+    except ValueError as err:
+        print(f"kvray serve: {err}", file=sys.stderr)
+        return 2
+    api_key = api_key_from(args)
+    if not args.address:
+        # Before anything imports ray.serve: this process starts the local Serve instance and
+        # every Ray process inherits its environment.
+        apply_serve_env()
+    try:
+        start(config, args, api_key)
+    except KeyboardInterrupt:  # Ctrl-C while Ray starts or the application deploys
+        logger.info("interrupted while starting: stopping")
+        _shutdown(args.address)
+        return 130
+    except Exception as err:
+        logger.error("could not start kvray: %s", err)
+        _shutdown(args.address)
+        return 1
+    # After ray.init, which installs its own SIGTERM handler (exit at once) in drivers.
+    stop = _install_signal_handlers()
+    print(banner(config, args, api_key is not None), flush=True)
+    while not stop.wait(1.0):
+        pass
+    logger.info("signal received: stopping (in-flight requests get up to 30 s to finish)")
+    _shutdown(args.address)
+    logger.info("stopped")
+    return 0
+
+
+def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) -> None:
+    import ray
+    from ray import serve
+
+    from cluster.app import build_app
+
+    runtime_env = {}
+    if api_key:
+        # Local Ray workers inherit the driver's environment; a joined cluster gets the key
+        # through the job's runtime env (never through the Serve config).
+        os.environ[config.api_key_env] = api_key
+        runtime_env = {"env_vars": {config.api_key_env: api_key}}
+    if args.address:
+        logger.info("joining the Ray cluster at %s", args.address)
+        logger.info(
+            "for the fast streaming path, start that cluster with these env vars: %s",
+            " ".join(f"{k}={v}" for k, v in SERVE_ENV.items()),
+        )
+        ray.init(
+            address=args.address, runtime_env=runtime_env or None, logging_level=logging.WARNING
+        )
+    else:
+        # Each engine replica reserves one CPU per TP rank; a small machine still runs them.
+        replicas = config.max_replicas or config.min_replicas or config.num_replicas
+        cpus = max(os.cpu_count() or 1, replicas * config.tensor_parallel_size + 1)
+        logger.info(
+            "starting a local Ray instance (%d logical CPUs, metrics export port %d)",
+            cpus,
+            args.metrics_port,
+        )
+        ray.init(
+            address="local",  # a new instance, never one another `ray start` left running
+            num_cpus=cpus,
+            include_dashboard=False,
+            runtime_env=runtime_env or None,
+            logging_level=logging.WARNING,
+            _metrics_export_port=args.metrics_port,
+        )
+        if config.model is None:
+            from workers.demo import demo_model_dir
+
+            logger.info("preparing the built-in demo model")
+            logger.info("demo model at %s", demo_model_dir())
+    from cluster.grpc_api.ingress import grpc_options
+
+    logger.info(
+        "starting Ray Serve: HTTP %s:%d, gRPC port %d", args.host, args.port, args.grpc_port
+    )
+    # The gRPC ingress reads its port from here and binds it itself (cluster/grpc_api/ingress.py).
+    serve.start(
+        http_options={"host": args.host, "port": args.port},
+        grpc_options=grpc_options(args.grpc_port),
+    )
+    logger.info(
+        "deploying %s: %s replica(s) of LLMServer (tp=%d), router %s",
+        config.model_name(),
+        _replica_text(config),
+        config.tensor_parallel_size,
+        config.request_router,
+    )
+    t0 = time.monotonic()
+    serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+    logger.info("application ready in %.1f s", time.monotonic() - t0)
+
+
+def banner(config: ServeConfig, args: argparse.Namespace, auth: bool) -> str:
+    host = args.host
+    base = f"http://{host}:{args.port}"
+    auth_header = f' -H "Authorization: Bearer ${config.api_key_env}"' if auth else ""
+    body = f'{{"model": "{config.model_name()}", "prompt": "Once upon a time", "max_tokens": 32}}'
+    lines = [
+        f"kvray is serving {config.model_name()} ({_replica_text(config)} replica(s))",
+        f"  OpenAI API : {base}/v1   (health: {base}/health)",
+    ]
+    lines += [
+        f"  gRPC       : {host}:{args.grpc_port}   (kvray.v1.LLMService, grpc.health.v1)",
+        f"  metrics    : http://{host}:{args.metrics_port}/metrics",
+        f"  auth       : {'Bearer key required' if auth else 'off'}",
+        "  try:",
+        f"    curl {base}/v1/completions -H 'Content-Type: application/json'{auth_header} \\",
+        f"      -d '{body}'",
+        "Press Ctrl-C to stop.",
+    ]
+    return "\n".join(lines)
+
+
+def _replica_text(config: ServeConfig) -> str:
+    auto = config.autoscaling_config()
+    return f"{auto['min_replicas']}-{auto['max_replicas']}" if auto else str(config.num_replicas)
+
+
+def _install_signal_handlers() -> threading.Event:
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            logger.warning("second signal: exiting now")
+            os._exit(128 + signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    return stop
+
+
+def _shutdown(address: str | None) -> None:
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    try:
+        if address:
+            serve.delete(APP_NAME)  # a shared cluster keeps Serve and its other apps
+        else:
+            serve.shutdown()
+    except Exception as err:  # shutting down anyway
+        logger.warning("serve shutdown: %s", err)
+    ray.shutdown()

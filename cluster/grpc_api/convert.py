@@ -1,0 +1,224 @@
+"""kvray.v1 messages <-> LLMServer's request dicts and the engine's RequestOutputs.
+
+Pure functions, no Ray and no server: the gRPC ingress (cluster/grpc_api/servicer.py) is these
+plus transport and the tokenizer. Requests become the same dict the HTTP ingress builds (see
+cluster/server/llm_server.py) with the same defaults as the HTTP API (max_tokens 16 for text and
+token-id prompts as /v1/completions, unset for chat as /v1/chat/completions), so both APIs
+give the same output for the same request. Field values are checked by the engine's
+SamplingParams, once for both APIs; errors name the field as the client wrote it
+(`sampling.top_p`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cluster.errors import InvalidRequestError, ModelNotFoundError
+from kvray.v1 import llm_pb2
+
+if TYPE_CHECKING:
+    from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+
+# /v1/completions' default; chat leaves max_tokens unset (up to the context length).
+DEFAULT_MAX_TOKENS = 16
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+# SamplingParams message fields that are proto3 `optional` (unset = the engine's default).
+_OPTIONAL_FIELDS = tuple(f.name for f in llm_pb2.SamplingParams.DESCRIPTOR.fields if f.has_presence)
+_FINISH_REASONS = {
+    "stop": llm_pb2.FINISH_REASON_STOP,
+    "length": llm_pb2.FINISH_REASON_LENGTH,
+    "abort": llm_pb2.FINISH_REASON_ABORT,
+}
+# LLMServer / SamplingParams field names -> where the field is in a GenerateRequest.
+_REQUEST_FIELD_PATHS = {
+    "messages": "chat",
+    "logprobs": "logprobs.top_logprobs",
+    **{f.name: f"sampling.{f.name}" for f in llm_pb2.SamplingParams.DESCRIPTOR.fields},
+}
+
+TokenText = Callable[[int], str]
+
+
+def check_model(requested: str, served: str) -> None:
+    """Empty selects the served model; any other name must be it (else NOT_FOUND)."""
+    if requested and requested != served:
+        raise ModelNotFoundError(requested)
+
+
+def input_kind(req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest) -> str | None:
+    """Which member of the `input` oneof is set ("text", "token_ids", "chat"), or None."""
+    return req.WhichOneof("input")
+
+
+def prompt_input(
+    req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest,
+) -> tuple[str, str | list[int] | list[dict[str, str]]]:
+    """The `input` oneof as (kind, value): text, token ids, or chat messages as dicts."""
+    kind = input_kind(req)
+    if kind == "text":
+        if not req.text:
+            raise InvalidRequestError("text", "text must not be empty")
+        return kind, req.text
+    if kind == "token_ids":
+        if not req.token_ids.ids:
+            raise InvalidRequestError("token_ids", "token_ids.ids must hold at least one token id")
+        return kind, list(req.token_ids.ids)
+    if kind == "chat":
+        return kind, chat_messages(req.chat)
+    raise InvalidRequestError("input", "set one of the input fields (text, token_ids, chat)")
+
+
+def llm_request(
+    req: llm_pb2.GenerateRequest, request_id: str, prompt_ids: list[int]
+) -> dict[str, Any]:
+    """The LLMServer.generate request dict, the prompt already tokenized (as the HTTP
+    ingress does, so the prefix-affinity router sees token ids)."""
+    return {
+        "request_id": request_id,
+        "prompt": prompt_ids,
+        "params": sampling_kwargs(req, chat=input_kind(req) == "chat"),
+    }
+
+
+def chat_messages(chat: llm_pb2.ChatMessages) -> list[dict[str, str]]:
+    if not chat.messages:
+        raise InvalidRequestError("chat.messages", "chat.messages must hold at least one message")
+    for i, m in enumerate(chat.messages):
+        if m.role not in CHAT_ROLES:
+            raise InvalidRequestError(
+                f"chat.messages[{i}].role",
+                f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, "
+                f"got {m.role!r}",
+            )
+    return [{"role": m.role, "content": m.content} for m in chat.messages]
+
+
+def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, Any]:
+    """SamplingParams keyword arguments: the fields the client set, HTTP API defaults else."""
+    sp = req.sampling
+    params: dict[str, Any] = {
+        name: getattr(sp, name) for name in _OPTIONAL_FIELDS if sp.HasField(name)
+    }
+    params.setdefault("max_tokens", None if chat else DEFAULT_MAX_TOKENS)
+    if sp.stop:
+        params["stop"] = list(sp.stop)
+    if sp.stop_token_ids:
+        params["stop_token_ids"] = list(sp.stop_token_ids)
+    if sp.ignore_eos:
+        params["ignore_eos"] = True
+    if sp.include_stop_str_in_output:
+        params["include_stop_str_in_output"] = True
+    if req.HasField("logprobs"):
+        params["logprobs"] = req.logprobs.top_logprobs
+    return params
+
+
+def request_field_path(field_name: str | None, kind: str | None) -> str | None:
+    """Where an LLMServer error's field lives in the GenerateRequest the client sent."""
+    if field_name is None:
+        return None
+    if field_name == "prompt":
+        return kind or "input"
+    return _REQUEST_FIELD_PATHS.get(field_name, field_name)
+
+
+@dataclass(frozen=True)
+class ResponseContext:
+    """Per-request constants of the responses: ids, and how to render logprobs."""
+
+    request_id: str
+    model: str
+    top_logprobs: int = 0  # alternatives per position (the request's LogprobsOptions)
+    token_text: TokenText | None = None  # token id -> its text; None leaves `token` empty
+
+
+@dataclass
+class StreamState:
+    """What a GenerateStream has already told the client (finish is sent once per sample)."""
+
+    finished: set[int] = field(default_factory=set)
+
+
+def stream_response(
+    out: RequestOutput, state: StreamState, ctx: ResponseContext
+) -> llm_pb2.GenerateResponse | None:
+    """The GenerateStream message for one engine output: deltas only; None if nothing new."""
+    resp = llm_pb2.GenerateResponse(request_id=ctx.request_id, model=ctx.model)
+    for c in out.outputs:
+        newly_finished = c.finish_reason is not None and c.index not in state.finished
+        if not (c.delta_token_ids or c.delta_text or newly_finished):
+            continue
+        _fill(resp.completions.add(), c, c.delta_text, c.delta_token_ids, c.delta_logprobs, ctx)
+        if newly_finished:
+            state.finished.add(c.index)
+    if out.finished:
+        resp.usage.CopyFrom(usage(out))
+    elif not resp.completions:
+        return None
+    return resp
+
+
+def final_response(out: RequestOutput, ctx: ResponseContext) -> llm_pb2.GenerateResponse:
+    """The Generate response: every sample's whole text, from the last (finished) output."""
+    resp = llm_pb2.GenerateResponse(request_id=ctx.request_id, model=ctx.model, usage=usage(out))
+    for c in sorted(out.outputs, key=lambda c: c.index):
+        _fill(resp.completions.add(), c, c.text, c.token_ids, c.logprobs, ctx)
+    return resp
+
+
+def usage(out: RequestOutput) -> llm_pb2.Usage:
+    prompt = len(out.prompt_token_ids)
+    completion = sum(len(c.token_ids) for c in out.outputs)
+    return llm_pb2.Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        cached_prompt_tokens=out.num_cached_tokens,
+    )
+
+
+def _fill(
+    dst: llm_pb2.Completion,
+    c: CompletionOutput,
+    text: str,
+    token_ids: list[int],
+    logprobs: list[TokenLogprobs] | None,
+    ctx: ResponseContext,
+) -> None:
+    dst.index = c.index
+    dst.text = text
+    dst.token_ids.extend(token_ids)
+    if logprobs:
+        dst.logprobs.extend(
+            token_logprob(tok, lp, ctx.top_logprobs, ctx.token_text)
+            for tok, lp in zip(token_ids, logprobs, strict=False)
+        )
+    if c.finish_reason is not None:
+        dst.finish_reason = _FINISH_REASONS.get(c.finish_reason, llm_pb2.FINISH_REASON_STOP)
+        if isinstance(c.stop_reason, str):
+            dst.stop_str = c.stop_reason
+        elif isinstance(c.stop_reason, int) and not isinstance(c.stop_reason, bool):
+            dst.stop_token_id = c.stop_reason
+
+
+def token_logprob(
+    token_id: int, position: TokenLogprobs, top_n: int, token_text: TokenText | None = None
+) -> llm_pb2.TokenLogprob:
+    """One position: the chosen token's logprob plus the top_n best, most likely first.
+
+    The engine hands `{token_id: logprob}` holding the top-N and the chosen token (which
+    sampling may pick from outside the top-N, making N + 1 entries).
+    """
+    text = token_text or (lambda _: "")
+    ranked = sorted(position.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
+    return llm_pb2.TokenLogprob(
+        token_id=token_id,
+        token=text(token_id),
+        logprob=position.get(token_id, float("nan")),
+        top_logprobs=[
+            llm_pb2.TopLogprob(token_id=t, token=text(t), logprob=lp) for t, lp in ranked
+        ],
+    )

@@ -1,0 +1,255 @@
+"""kvray.v1.LLMService implemented over an LLMServer DeploymentHandle (grpc.aio).
+
+Every RPC runs in one frame (`_rpc`) that checks the API key, bounds the call by the
+client's deadline, maps errors to status codes and counts the outcome in
+`kvray_router_requests_total{protocol="grpc"}`. Like the HTTP ingress, prompts are tokenized
+here (chat through the template) and sent to LLMServer as token ids through the same
+DeploymentHandle, so the prefix-affinity router and the engine see identical requests from
+both APIs.
+
+Cancellation: grpc.aio cancels the handler task when the client cancels or disconnects; the
+handle's response generator is cancelled with it (`_outputs`), which Ray Serve delivers to
+the LLMServer replica as CancelledError, which aborts the engine request and frees its KV
+blocks. Deadlines are enforced here as well (asyncio.timeout on the remaining time), so the
+engine request is aborted at the deadline even before the transport notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from cluster.errors import InvalidRequestError, KvrayError, unwrap
+from cluster.grpc_api import convert as conv
+from cluster.ingress.auth import ApiKeyAuth
+from kvray.v1 import llm_pb2, llm_pb2_grpc
+
+if TYPE_CHECKING:
+    from workers.outputs import RequestOutput
+
+logger = logging.getLogger("kvray.grpc")
+
+T = TypeVar("T")
+OWNED_BY = "kvray"
+
+
+def status_for(exc: BaseException, input_kind: str | None = None) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a failed RPC ends with."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.serve.exceptions import (
+        BackPressureError,
+        DeploymentUnavailableError,
+        ReplicaUnavailableError,
+    )
+
+    err = unwrap(exc)
+    if isinstance(err, InvalidRequestError):
+        path = conv.request_field_path(err.field, input_kind)
+        return grpc.StatusCode.INVALID_ARGUMENT, f"{path}: {err.message}" if path else err.message
+    if isinstance(err, KvrayError):
+        return grpc.StatusCode[err.grpc_code], err.message
+    if isinstance(err, BackPressureError):  # Serve's own per-replica queue cap
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, err.message
+    if isinstance(err, (DeploymentUnavailableError, ReplicaUnavailableError)):
+        return grpc.StatusCode.UNAVAILABLE, f"no healthy engine replica: {err.message}"
+    if isinstance(err, (RayActorError, ActorDiedError, ActorUnavailableError)):
+        return grpc.StatusCode.UNAVAILABLE, f"engine replica failed: {err}"
+    logger.exception("gRPC request failed", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}"
+
+
+class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
+    """The four RPCs. `llm` is a DeploymentHandle to LLMServer."""
+
+    def __init__(
+        self, llm: Any, tokenizer: Any, *, served_model: str, auth: ApiKeyAuth, metrics: Any = None
+    ) -> None:
+        from cluster.http.format import TokenStrings
+
+        self._llm = llm
+        self._tokenizer = tokenizer  # workers.tokenizer.Tokenizer of the served checkpoint
+        # Logprob token texts exactly as the HTTP API shows them (special tokens included).
+        self._token_text = TokenStrings(
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+        )
+        self._served_model = served_model
+        self._auth = auth
+        self._metrics = metrics  # cluster.server.metrics.RouterMetrics, or None (unit use)
+        self._model_card: dict[str, Any] | None = None
+
+    # -- RPCs ------------------------------------------------------------------------------
+
+    async def Generate(
+        self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.GenerateResponse:
+        async def body() -> llm_pb2.GenerateResponse:
+            llm_req, ctx = await self._prepare(request)
+            last: RequestOutput | None = None
+            async with contextlib.aclosing(self._outputs(llm_req)) as outs:
+                async for out in outs:
+                    last = out
+            if last is None:
+                raise KvrayError("the engine returned no output")
+            return conv.final_response(last, ctx)
+
+        return await self._rpc(context, body, conv.input_kind(request))
+
+    async def GenerateStream(
+        self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        async def body() -> None:
+            llm_req, ctx = await self._prepare(request)
+            state = conv.StreamState()
+            async with contextlib.aclosing(self._outputs(llm_req)) as outs:
+                async for out in outs:
+                    msg = conv.stream_response(out, state, ctx)
+                    if msg is not None:
+                        await context.write(msg)
+
+        await self._rpc(context, body, conv.input_kind(request))
+
+    async def Tokenize(
+        self, request: llm_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.TokenizeResponse:
+        async def body() -> llm_pb2.TokenizeResponse:
+            conv.check_model(request.model, self._served_model)
+            ids = await self._tokens(*conv.prompt_input(request))
+            card = await self.model_card()
+            return llm_pb2.TokenizeResponse(
+                token_ids=ids, count=len(ids), max_model_len=card["max_model_len"]
+            )
+
+        return await self._rpc(context, body, conv.input_kind(request))
+
+    async def ListModels(
+        self, request: llm_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.ListModelsResponse:
+        async def body() -> llm_pb2.ListModelsResponse:
+            card = await self.model_card()
+            model = llm_pb2.Model(
+                id=card["id"],
+                owned_by=OWNED_BY,
+                created=int(card["created"]),
+                max_model_len=int(card["max_model_len"]),
+            )
+            return llm_pb2.ListModelsResponse(models=[model])
+
+        return await self._rpc(context, body)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def model_card(self) -> dict[str, Any]:
+        """{"id", "max_model_len", "created"} from LLMServer; fetched once (it never changes)."""
+        if self._model_card is None:
+            self._model_card = await self._llm.model_card.remote()
+        return self._model_card
+
+    async def _prepare(
+        self, request: llm_pb2.GenerateRequest
+    ) -> tuple[dict[str, Any], conv.ResponseContext]:
+        conv.check_model(request.model, self._served_model)
+        ids = await self._tokens(*conv.prompt_input(request))
+        client_id = request.request_id or f"grpc-{uuid.uuid4().hex}"
+        # The engine's id is unique even when two clients send the same request_id;
+        # responses echo the client's.
+        engine_id = f"{client_id}-{uuid.uuid4().hex[:8]}" if request.request_id else client_id
+        llm_req = conv.llm_request(request, engine_id, ids)
+        logprobs = request.HasField("logprobs")
+        ctx = conv.ResponseContext(
+            request_id=client_id,
+            model=self._served_model,
+            top_logprobs=request.logprobs.top_logprobs if logprobs else 0,
+            token_text=self._token_text if logprobs else None,
+        )
+        return llm_req, ctx
+
+    async def _tokens(self, kind: str, value: Any) -> list[int]:
+        """Token ids of a prompt input, as the HTTP ingress makes them."""
+        tok = self._tokenizer
+        if kind == "token_ids":
+            if not all(0 <= t < tok.vocab_size for t in value):
+                raise InvalidRequestError(
+                    "token_ids", f"token ids must be in [0, {tok.vocab_size})"
+                )
+            return value
+        if kind == "chat":
+            try:
+                return list(
+                    await _off_loop(tok.apply_chat_template, value, add_generation_prompt=True)
+                )
+            except ValueError as err:
+                raise InvalidRequestError("chat", str(err)) from None
+        return list(await _off_loop(tok.encode, value))
+
+    async def _outputs(self, llm_req: dict[str, Any]) -> AsyncIterator[RequestOutput]:
+        """LLMServer.generate's stream; leaving early (cancel, error) cancels the Serve call."""
+        gen = self._llm.options(stream=True).generate.remote(llm_req)
+        try:
+            async for out in gen:
+                yield out
+        finally:
+            gen.cancel()  # no-op when the stream ended; aborts the engine request otherwise
+
+    async def _rpc(
+        self,
+        context: grpc.aio.ServicerContext,
+        body: Callable[[], Awaitable[T]],
+        input_kind: str | None = None,
+    ) -> T:
+        code = grpc.StatusCode.OK
+        try:
+            self._auth.check(_metadata(context, "authorization"))
+            remaining = context.time_remaining()
+            async with asyncio.timeout(remaining):
+                return await body()
+        except asyncio.CancelledError:
+            # The client cancelled, or the transport hit the deadline first.
+            expired = (context.time_remaining() or 1.0) <= 0
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            raise
+        except TimeoutError:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            await context.abort(code, "deadline exceeded; the request was aborted")
+        except grpc.aio.AbortError:
+            raise  # context.abort() already set the status
+        except Exception as exc:
+            code, details = status_for(exc, input_kind)
+            await context.abort(code, details)
+        finally:
+            self._count(code)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def _count(self, code: grpc.StatusCode) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.request("grpc", code.name)
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self._metrics.rejected("queue_full")
+        elif code is grpc.StatusCode.UNAUTHENTICATED:
+            self._metrics.rejected("unauthenticated")
+
+
+# Long texts are tokenized on a worker thread so one huge prompt does not stall every other
+# stream this ingress replica is serving.
+_OFF_LOOP_CHARS = 16384
+
+
+async def _off_loop(fn: Callable[..., T], value: Any, **kwargs: Any) -> T:
+    size = len(value) if isinstance(value, str) else sum(len(m["content"]) for m in value)
+    if size < _OFF_LOOP_CHARS:
+        return fn(value, **kwargs)
+    return await asyncio.to_thread(fn, value, **kwargs)
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode()
+    return None

@@ -1,0 +1,181 @@
+"""OpenAI request bodies (pydantic) and their translation into SamplingParams kwargs.
+
+Only requests are modelled: responses are plain dicts built in cluster/http/format.py, which
+is cheaper per streamed chunk. Unknown body fields are ignored (clients send `user`,
+`service_tier`, ...); known fields with bad values are rejected naming the field. vLLM's extra
+sampling fields (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids,
+skip_special_tokens, include_stop_str_in_output) are accepted because clients already send them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cluster.errors import InvalidRequestError
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def common_params(self) -> dict[str, Any]:
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias", "logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options", "stream_options needs stream=true")
+        params: dict[str, Any] = {
+            "n": self.n,
+            "seed": self.seed,
+            "stop": self.stop,
+            "ignore_eos": self.ignore_eos,
+            "min_tokens": self.min_tokens,
+            "stop_token_ids": self.stop_token_ids,
+            "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+        }
+        optional = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        params.update({k: v for k, v in optional.items() if v is not None})
+        return params
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be an empty list")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: one string, one token list, or a list of either."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def sampling_params(self) -> dict[str, Any]:
+        if self.echo:
+            raise InvalidRequestError("echo", "echo is not supported")
+        if self.suffix:
+            raise InvalidRequestError("suffix", "suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError("best_of", "best_of other than n is not supported")
+        params = self.common_params()
+        params["max_tokens"] = self.max_tokens
+        params["logprobs"] = self.logprobs
+        return params
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequestError("messages", "only text content parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_input() for m in self.messages]
+
+    def sampling_params(self) -> dict[str, Any]:
+        if self.tools:
+            raise InvalidRequestError("tools", "tool calling is not supported")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise InvalidRequestError(
+                "response_format", "only response_format type 'text' is supported"
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs", "top_logprobs needs logprobs=true")
+        params = self.common_params()
+        limit = (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
+        params["max_tokens"] = limit
+        params["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
+        return params
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]

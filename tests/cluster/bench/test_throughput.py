@@ -1,0 +1,127 @@
+"""`kvray bench throughput`: the real command on tiny workloads, plus its workload helpers.
+
+No speed is asserted anywhere: only that every backend ran the same workload and reported
+well-formed, positive numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.bench.common import (
+    BenchRequest,
+    Workload,
+    parse_size,
+    random_workload,
+    sampleable_token_ids,
+    shared_prefix_workload,
+)
+from cluster.bench.throughput import _hf_batches
+from cluster.cli.main import main
+
+TINY = ["--num-prompts", "6", "--input-len-range", "4", "12", "--output-len-range", "2", "6"]
+METRICS = ("elapsed_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s")
+
+
+def _bench(tmp_path: Path, *argv: str) -> dict:
+    out = tmp_path / "result.json"
+    assert main(["bench", "throughput", *argv, "--result-json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_compare_runs_every_backend_on_one_workload(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "--compare", "--seed", "3", *TINY)
+    workload = result["workload"]
+    assert workload["name"] == "default" and workload["num_prompts"] == 6
+    assert result["skipped"] == {}
+    by_name = {r["backend"]: r for r in result["results"]}
+    # kvray without prefix caching too: on a 0%-hit workload it prices the cache's bookkeeping.
+    assert list(by_name) == ["kvray", "kvray-no-prefix-caching", "hf", "hf-cb"]
+    for name, r in by_name.items():
+        assert r["num_requests"] == 6, name
+        assert r["prompt_tokens"] == workload["prompt_tokens"], name
+        # ignore_eos everywhere: each backend produced exactly the requested tokens.
+        assert r["output_tokens"] == workload["output_tokens"], name
+        assert all(r[m] > 0 for m in METRICS), name
+        assert not any("WARNING" in note for note in r["notes"]), name
+    assert set(result["ratios"]) == {"kvray/hf", "kvray/hf-cb", "kvray/kvray-no-prefix-caching"}
+    for ratio in result["ratios"].values():
+        assert set(ratio) == {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s"}
+        assert all(v > 0 for v in ratio.values())
+    # vLLM-compatible summary of the first backend.
+    assert result["num_requests"] == 6
+    assert result["total_num_tokens"] == workload["prompt_tokens"] + workload["output_tokens"]
+    assert result["requests_per_second"] == by_name["kvray"]["requests_per_s"]
+
+
+def test_shared_prefix_reports_prefill_saved_by_prefix_cache(tmp_path: Path) -> None:
+    # A small token budget admits about one prompt per step, so later prompts find the
+    # shared prefix already computed (a request cannot hit blocks computed in its own step).
+    result = _bench(
+        tmp_path,
+        "--compare",
+        "--workload=shared-prefix",
+        "--num-prompts=4",
+        "--prefix-len=48",
+        "--suffix-len=4",
+        "--output-len=3",
+        "--max-num-batched-tokens=64",
+    )
+    assert result["workload"]["prompt_tokens"] == 4 * 52
+    by_name = {r["backend"]: r for r in result["results"]}
+    assert list(by_name) == ["kvray", "kvray-no-prefix-caching", "hf", "hf-cb"]
+    on, off = by_name["kvray"], by_name["kvray-no-prefix-caching"]
+    assert on["prefix_caching"] is True and off["prefix_caching"] is False
+    assert off["cached_prompt_tokens"] == 0 and off["prefill_tokens_computed"] == 4 * 52
+    assert 0 < on["cached_prompt_tokens"] <= 3 * 48
+    assert on["prefill_tokens_computed"] == 4 * 52 - on["cached_prompt_tokens"]
+    assert on["prefix_cache_hits"] == on["cached_prompt_tokens"]
+    assert "kvray/kvray-no-prefix-caching" in result["ratios"]
+
+
+def test_workloads_are_seeded_and_in_range(demo_dir: Path) -> None:
+    ids = sampleable_token_ids(demo_dir)
+    special = {
+        t["id"] for t in json.loads((demo_dir / "tokenizer.json").read_text())["added_tokens"]
+    }
+    assert special and not special & set(ids)
+    kwargs = dict(num_prompts=50, input_len_range=(3, 9), output_len_range=(1, 4))
+    a = random_workload(ids, seed=1, **kwargs)
+    assert a == random_workload(ids, seed=1, **kwargs)
+    assert a != random_workload(ids, seed=2, **kwargs)
+    assert {r.prompt_len for r in a.requests} <= set(range(3, 10))
+    assert {r.output_len for r in a.requests} <= {1, 2, 3, 4}
+    assert len({r.prompt_len for r in a.requests}) > 1  # lengths really vary
+    assert all(set(r.prompt_ids) <= set(ids) for r in a.requests)
+    with pytest.raises(ValueError, match="--input-len-range"):
+        random_workload(ids, seed=0, num_prompts=1, input_len_range=(5, 4), output_len_range=(1, 1))
+
+    shared = shared_prefix_workload(
+        ids, num_prompts=5, prefix_len=10, suffix_len=3, output_len=2, seed=0
+    )
+    prefixes = {r.prompt_ids[:10] for r in shared.requests}
+    assert len(prefixes) == 1 and len({r.prompt_ids for r in shared.requests}) == 5
+    assert shared.prompt_tokens == 5 * 13 and shared.output_tokens == 10
+
+
+def test_hf_batches_fill_in_order_up_to_size_and_context() -> None:
+    shape = [(4, 20), (4, 20), (4, 20), (20, 4), (4, 4)]
+    reqs = tuple(BenchRequest((1,) * n, o) for n, o in shape)
+    work = Workload("t", reqs)
+    assert [len(b) for b in _hf_batches(work, 2, 1000)] == [2, 2, 1]
+    # With the 20-token prompt the batch would need 20 + 20 > 32 positions: cut before it.
+    batches = _hf_batches(work, 8, 32)
+    assert [len(b) for b in batches] == [3, 2]
+    assert [r for b in batches for r in b] == list(reqs)  # order kept
+
+
+def test_parse_size() -> None:
+    assert parse_size("1073741824") == 1 << 30
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("1.5G") == 3 << 29
+    with pytest.raises(ValueError, match="memory size"):
+        parse_size("lots")

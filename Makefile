@@ -37,16 +37,11 @@ format: install
 
 # One torch thread per process: tests start Ray actors and servers beside the test process
 # on small machines, where OpenMP spin-waiting across processes costs more than it gains.
-# Several pytest runs, one Ray instance each: most cluster tests share one session-wide Ray
-# cluster, which must not be alive when modules that start their own run.
+# One pytest run: every test that needs Ray shares the session's one Ray and Serve instance
+# (tests/conftest.py owns it and orders the modules that need it).
 test: install lint
 	bash monitoring/install_prometheus.sh
-	$(PYTEST) tests/workers tests/helm tests/test_checkpoints.py
-	$(PYTEST) tests/monitoring
-	$(PYTEST) tests/cluster/server/test_metrics.py
-	$(PYTEST) tests/cluster/grpc_api/test_grpc_api.py
-	$(PYTEST) tests/cluster --ignore tests/cluster/server/test_metrics.py \
-		--ignore tests/cluster/grpc_api/test_grpc_api.py
+	$(PYTEST) tests
 
 bench: install
 	$(VENV)/bin/kvray bench throughput --compare

@@ -64,6 +64,8 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         router = RequestRouterConfig(
             request_router_class=ROUTER_CLASS_PATH,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+            # Prefix keys hash whole KV blocks: the router must use the engine's block size.
+            request_router_kwargs={"block_size": config.block_size},
         )
     else:  # Serve's default power-of-two-choices; stats still feed dashboards and benches
         router = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)

@@ -3,52 +3,142 @@
 Built from the `args:` mapping of a Serve config YAML (`build_app(args)`), or from the
 `kvray serve` / `kvray config` flags. Keys are the field names; unknown keys are an error so
 a typo in a YAML never silently falls back to a default.
+
+Each field's default and help text are written here once: the CLI flags are generated from
+the fields' `Flag` metadata (cluster/cli/flags.py), so a flag can never disagree with the
+config it fills.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS
 
 DEMO_MODEL_NAME = "kvray-demo"
 ROUTERS = ("prefix_affinity", "power_of_two")
 DEVICES = ("auto", "cpu", "cuda")
+# Ports (DESIGN.md): HTTP is Ray Serve's default, metrics the port KubeRay's Prometheus
+# examples scrape. The gRPC port's one literal is cluster/grpc_api/ingress.py's.
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_METRICS_PORT = 8080
+
+# The --help sections the flags are grouped under.
+MODEL_GROUP = "model and engine"
+REPLICAS_GROUP = "replicas and routing"
+NETWORK_GROUP = "network"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a ServeConfig field shows on the command line (`kvray serve`, `kvray config`).
+
+    The flag is `--field-name` unless `name` says otherwise; a boolean field that defaults to
+    True gets a `--no-...` flag (give its `name`). Non-None defaults are appended to the help
+    as "(default X)"; the help of a None default says what None means.
+    """
+
+    help: str
+    group: str
+    name: str | None = None
+    aliases: tuple[str, ...] = ()
+    kind: str = ""  # "size": takes 2GiB / 512MiB / bytes; "path": made absolute
+    choices: tuple[str, ...] = ()
+
+
+def _opt(default: Any, help: str, group: str, **flag: Any) -> Any:
+    return field(default=default, metadata={"flag": Flag(help, group, **flag)})
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """One kvray Serve application. Field names are the YAML `args` keys."""
 
-    model: str | None = None  # HF checkpoint dir; None: the built-in demo model
-    served_model_name: str | None = None  # None: the model dir's basename, or "kvray-demo"
-    tensor_parallel_size: int = 1
-    num_replicas: int = 1  # ignored when autoscaling
-    min_replicas: int | None = None  # either of min/max set: autoscaling
-    max_replicas: int | None = None
-    target_ongoing_requests: int = 16  # autoscaling target per LLMServer replica
-    max_ongoing_requests: int = 256  # per LLMServer replica (Ray Serve's cap)
-    max_model_len: int | None = None  # None: the checkpoint's
-    kv_cache_memory_bytes: int | None = None  # None: the engine's default
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    max_queued_requests: int = 128  # waiting requests per replica before 429
-    api_key_env: str = "KVRAY_API_KEY"  # env var holding the key on the cluster; unset: no auth
-    device: str = "auto"  # auto | cpu | cuda
-    ingress_replicas: int = 1
-    grpc_max_message_bytes: int = 4 * 1024 * 1024
-    request_router: str = "prefix_affinity"  # prefix_affinity | power_of_two (Serve's default)
-    # Most time a streamed token may wait to travel with later ones (first and last chunks go
-    # at once). The wait grows with the replica's streams up to this; 0: every token at once.
-    # Fewer, larger chunks cost the replica -> ingress -> proxy -> client path far less.
-    # 50 ms is Ray Serve LLM's stream batching interval.
-    stream_interval_ms: int = 50
-    # TP = 1: run each replica's engine core in a child process, so its step loop never waits
-    # for the GIL while the replica's Serve side handles requests and streams.
-    engine_process: bool = True
+    model: str | None = _opt(
+        None,
+        "Hugging Face checkpoint directory (default: the built-in demo model)",
+        MODEL_GROUP,
+        kind="path",
+    )
+    served_model_name: str | None = _opt(
+        None, "model id clients send (default: the directory name)", MODEL_GROUP
+    )
+    tensor_parallel_size: int = _opt(
+        1, "GPUs (or CPU ranks) per engine replica", MODEL_GROUP, aliases=("--tp",)
+    )
+    num_replicas: int = _opt(1, "engine replicas; ignored with autoscaling", REPLICAS_GROUP)
+    min_replicas: int | None = _opt(
+        None, "autoscaling lower bound (enables autoscaling)", REPLICAS_GROUP
+    )
+    max_replicas: int | None = _opt(
+        None, "autoscaling upper bound (enables autoscaling)", REPLICAS_GROUP
+    )
+    target_ongoing_requests: int = _opt(16, "autoscaling target per replica", REPLICAS_GROUP)
+    # Ray Serve's cap per LLMServer replica.
+    max_ongoing_requests: int = _opt(256, "requests in flight per replica", REPLICAS_GROUP)
+    max_model_len: int | None = _opt(
+        None, "context length (default: the checkpoint's)", MODEL_GROUP
+    )
+    kv_cache_memory_bytes: int | None = _opt(
+        None,
+        "KV cache size per replica, e.g. 2GiB (default: the engine's choice)",
+        MODEL_GROUP,
+        name="--kv-cache-memory",
+        kind="size",
+    )
+    max_num_seqs: int = _opt(DEFAULT_MAX_NUM_SEQS, "sequences per engine step", MODEL_GROUP)
+    max_num_batched_tokens: int | None = _opt(None, "token budget per engine step", MODEL_GROUP)
+    block_size: int = _opt(
+        DEFAULT_BLOCK_SIZE,
+        "tokens per KV-cache block; the router hashes whole blocks of a prompt",
+        MODEL_GROUP,
+    )
+    enable_prefix_caching: bool = _opt(
+        True, "disable the prefix cache", MODEL_GROUP, name="--no-prefix-caching"
+    )
+    max_queued_requests: int = _opt(
+        128, "waiting requests per replica before HTTP 429", REPLICAS_GROUP
+    )
+    # The key itself never enters the config (nor a YAML): only the name of the env var.
+    api_key_env: str = _opt(
+        "KVRAY_API_KEY", "env var holding the key on the cluster", NETWORK_GROUP
+    )
+    device: str = _opt("auto", "auto: cuda when the cluster has GPUs", MODEL_GROUP, choices=DEVICES)
+    ingress_replicas: int = _opt(1, "HTTP ingress replicas", REPLICAS_GROUP)
+    grpc_max_message_bytes: int = _opt(
+        4 * 1024 * 1024,
+        "largest gRPC request message, e.g. 4MiB",
+        NETWORK_GROUP,
+        kind="size",
+    )
+    request_router: str = _opt(
+        "prefix_affinity",
+        "replica choice: prefix-cache affinity + load, or Serve's power-of-two choices",
+        REPLICAS_GROUP,
+        choices=ROUTERS,
+    )
+    # Fewer, larger chunks cost the replica -> ingress -> proxy -> client path far less; the
+    # first and last chunks go at once. 50 ms is Ray Serve LLM's stream batching interval.
+    stream_interval_ms: int = _opt(
+        50,
+        "most time a streamed token waits to travel with later ones; the wait grows with the "
+        "replica's concurrent streams (about 3 ms per stream) up to this, trading chunk "
+        "granularity for less per-token work on the HTTP path; 0: every token its own chunk",
+        REPLICAS_GROUP,
+    )
+    # TP = 1: a child process keeps the engine's step loop from waiting for the GIL while the
+    # replica's Serve side handles requests and streams.
+    engine_process: bool = _opt(
+        True,
+        "run each replica's engine core on a thread of the replica instead of in a child "
+        "process of its own (TP = 1; TP > 1 always uses a thread)",
+        REPLICAS_GROUP,
+        name="--no-engine-process",
+    )
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -87,6 +177,23 @@ class ServeConfig:
             "target_ongoing_requests": self.target_ongoing_requests,
         }
 
+    def engine_kwargs(self, model_dir: str) -> dict[str, Any]:
+        """`EngineArgs` keyword arguments of one replica's engine (workers/config.py).
+
+        device "auto" leaves the engine to pick (cuda if visible)."""
+        return {
+            "model": model_dir,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "served_model_name": self.model_name(),
+            "device": None if self.device == "auto" else self.device,
+        }
+
     def model_name(self) -> str:
         """The id clients put in `model`: served_model_name, else the dir's basename."""
         if self.served_model_name:
@@ -110,6 +217,7 @@ def _validate(cfg: ServeConfig) -> None:
         "target_ongoing_requests",
         "max_ongoing_requests",
         "max_num_seqs",
+        "block_size",
         "max_queued_requests",
         "ingress_replicas",
         "grpc_max_message_bytes",

@@ -3,12 +3,16 @@
 LLMServer raises these inside its replica; Ray carries them to the ingress, which maps each
 class to one HTTP status / OpenAI error body and one gRPC status code. They pickle by their
 constructor arguments (`__reduce__`) so they survive the trip through Ray, and `unwrap`
-strips the RayTaskError wrapper that Ray may put around them.
+strips the RayTaskError wrapper that Ray may put around them. `as_kvray_error` is the one
+mapping from anything a handle call raises (these, or Ray's own errors) onto these classes.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger("ray.serve.kvray.errors")
 
 
 class KvrayError(Exception):
@@ -131,3 +135,31 @@ def invalid_from_value_error(
     head = message.split(" ", 1)[0].strip("'\"`:")
     field = head if head.isidentifier() else default_field
     return InvalidRequestError(field, message)
+
+
+def as_kvray_error(exc: BaseException) -> KvrayError:
+    """The one mapping of whatever a DeploymentHandle call raises onto the classes above.
+
+    Both ingresses use it, so a failure has the same status on HTTP and gRPC: Serve's own
+    queue cap (BackPressureError) is a 429 like the replica's; a deployment or replica that
+    cannot be reached, or an actor that died, is 503 / UNAVAILABLE (Serve replaces it, so a
+    retry may succeed); anything unexpected is a 500 / INTERNAL.
+    """
+    inner = unwrap(exc)
+    if isinstance(inner, KvrayError):
+        return inner
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.serve.exceptions import (
+        BackPressureError,
+        DeploymentUnavailableError,
+        ReplicaUnavailableError,
+    )
+
+    if isinstance(inner, BackPressureError):
+        return QueueFullError("too many requests queued for the engine replicas; retry later")
+    if isinstance(inner, (DeploymentUnavailableError, ReplicaUnavailableError)):
+        return EngineDeadError(f"no healthy engine replica: {inner}")
+    if isinstance(inner, (RayActorError, ActorDiedError, ActorUnavailableError)):
+        return EngineDeadError(f"engine replica failed: {type(inner).__name__}: {inner}")
+    logger.error("unexpected error from an engine replica call", exc_info=exc)
+    return KvrayError(f"internal error: {type(inner).__name__}: {inner}")

@@ -1,13 +1,16 @@
 """kvray's engine: everything that runs on or next to an accelerator.
 
-Public API: `LLM`, `SamplingParams`, `AsyncEngine`, `EngineArgs`. Submodules are imported
-lazily so `import workers` stays cheap (no torch until an engine is built).
+Public API: `LLM`, `SamplingParams`, `AsyncEngine`, `EngineArgs`, and the request and output
+types `EngineInput`, `InputChecker`, `RequestOutput`, `RequestOutputKind`. Heavy submodules
+are imported lazily so `import workers` stays cheap (no torch until an engine is built).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from workers.inputs import EngineInput, InputChecker
+from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -15,7 +18,17 @@ if TYPE_CHECKING:
     from workers.config import EngineArgs
     from workers.llm import LLM
 
-__all__ = ["LLM", "SamplingParams", "AsyncEngine", "EngineArgs"]
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "CompletionOutput",
+    "EngineArgs",
+    "EngineInput",
+    "InputChecker",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+]
 
 
 def __getattr__(name: str):  # noqa: ANN202

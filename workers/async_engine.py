@@ -1,55 +1,36 @@
 """AsyncEngine: asyncio streams in front of an engine core that steps on its own.
 
-The core is either a thread of this process that owns the LLMEngine (`EngineThread`, the
-default) or a child process (`workers.engine_process.EngineProcess`, `process=True`), which
-keeps the step loop off this interpreter's GIL: what a server wants. Either way callers talk
-to the core through commands, and each request's outputs flow back through an asyncio.Queue
-on the caller's event loop. If the core fails, the engine is dead: every waiting caller gets
-EngineDeadError at once, and so does every later call — nobody hangs.
+The core is either a thread of this process that owns the LLMEngine
+(`workers.engine_thread.EngineThread`, the default) or a child process
+(`workers.engine_process.EngineProcess`, `process=True`), which keeps the step loop off this
+interpreter's GIL: what a server wants. Either way callers talk to the core through commands,
+and each request's outputs flow back through an asyncio.Queue on the caller's event loop. If
+the core fails, the engine is dead: every waiting caller gets EngineDeadError at once, and so
+does every later call — nobody hangs.
 
-Running outputs carry the deltas; with the thread core they also carry the cumulative
-fields, with the process core those are empty (they would cross the socket every step). The
-finished output carries everything either way.
+A stream yields what the request's `SamplingParams.output_kind` asks for (see
+`workers.outputs`): deltas while it runs (DELTA), or only the finished output (FINAL_ONLY);
+the finished output carries everything. Both cores give the same outputs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
-import queue
-import threading
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from workers.config import EngineArgs, EngineConfig
 from workers.engine import LLMEngine
+from workers.engine_core import EngineCore
+from workers.engine_thread import EngineThread
 from workers.errors import EngineDeadError
+from workers.inputs import EngineInput
 from workers.outputs import RequestOutput
 from workers.sampling_params import SamplingParams
 from workers.stats import EngineStats
 
-log = logging.getLogger(__name__)
-
 _Stream = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
-
-
-class EngineCore(Protocol):
-    """What AsyncEngine needs of a core; outputs arrive through the sink given to start()."""
-
-    tokenizer: Any
-    model_name: str
-    max_model_len: int
-
-    def start(self, sink: Any) -> None: ...
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
-    def abort(self, request_id: str) -> None: ...
-    def stats(self) -> EngineStats: ...
-    def pop_step_token_counts(self) -> list[int]: ...
-    def is_alive(self) -> bool: ...  # cheap: no round trip to the ranks
-    def check_health(self) -> None: ...
-    def shutdown(self) -> None: ...
 
 
 class AsyncEngine:
@@ -74,6 +55,7 @@ class AsyncEngine:
         self.tokenizer = self._core.tokenizer
         self.model_name = self._core.model_name
         self.max_model_len = self._core.max_model_len
+        self.input_checker = self._core.input_checker
         self._streams: dict[str, _Stream] = {}
         self._dead: BaseException | None = None
         self._ids = itertools.count()
@@ -108,12 +90,33 @@ class AsyncEngine:
     def pop_step_token_counts(self) -> list[int]:
         return self._core.pop_step_token_counts()
 
-    async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Streams RequestOutputs (deltas, see the module doc); the last has finished=True.
-        Bad input raises ValueError before the first output."""
+        """Checks the prompt (text or token ids) and params with `input_checker`, then streams
+        like `generate_input`. Bad input raises ValueError before the first output."""
+        return self._stream(request_id, prompt=prompt, params=params)
+
+    def generate_input(self, inp: EngineInput, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Streams the RequestOutputs of a checked request (the kind its params ask for); the
+        last has finished=True. `inp` is trusted: check it with `input_checker` first."""
+        return self._stream(request_id, inp=inp)
+
+    async def _stream(
+        self,
+        request_id: str | None,
+        inp: EngineInput | None = None,
+        prompt: str | Sequence[int] | None = None,
+        params: SamplingParams | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        # One generator behind both entry points: checks run on the first iteration, so a
+        # caller sees every error where it reads the stream.
         self.check_health()
+        if inp is None:
+            inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)  # type: ignore[arg-type]
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -124,7 +127,7 @@ class AsyncEngine:
         try:
             if self._dead is not None:  # lost the race with a failure
                 raise EngineDeadError(f"engine failed: {self._dead}")
-            self._core.add(request_id, prompt, params)
+            self._core.add(request_id, inp)
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
@@ -178,127 +181,6 @@ class AsyncEngine:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 _deliver_many(stream[0], [(stream[1], err)])
-
-
-class EngineThread:
-    """The LLMEngine on a background thread of this process, which owns it (the engine is not
-    thread-safe): callers' commands reach it through a queue, run between steps."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.model_name = engine.config.served_model_name
-        self.max_model_len = engine.max_model_len
-        self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future | None]] = (
-            queue.SimpleQueue()
-        )
-        self._stats = engine.stats()
-        self._dead: BaseException | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="kvray-engine", daemon=True)
-
-    def start(self, sink: Any) -> None:
-        self._sink = sink
-        self._thread.start()
-
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        def add(engine: LLMEngine) -> None:
-            try:
-                engine.add_request(request_id, prompt, params, stream=True)
-            except Exception as err:  # noqa: BLE001 - the caller gets it, nobody waits forever
-                self._sink.rejected(request_id, err)
-
-        self._call(add)
-
-    def abort(self, request_id: str) -> None:
-        def abort(engine: LLMEngine) -> None:
-            out = engine.abort(request_id)
-            if out is not None:
-                self._sink.outputs([out])
-
-        self._call(abort)
-
-    def stats(self) -> EngineStats:
-        return self._stats
-
-    def pop_step_token_counts(self) -> list[int]:
-        """Waits for the engine thread's next command slot."""
-        return self._call(lambda e: e.pop_step_token_counts()).result()
-
-    def is_alive(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
-
-    def check_health(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError(f"engine failed: {self._dead}") from self._dead
-        if not self._thread.is_alive():
-            raise EngineDeadError("engine loop is not running")
-        self.engine.executor.check_health()
-
-    def shutdown(self) -> None:
-        self._stopping = True
-        self._commands.put((lambda e: None, None))
-        self._thread.join(timeout=30)
-        try:
-            self.engine.shutdown()
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            log.exception("engine shutdown failed")
-
-    def _call(self, fn: Callable[[LLMEngine], Any]) -> Future:
-        fut: Future = Future()
-        if self._dead is not None:
-            fut.set_exception(EngineDeadError(f"engine failed: {self._dead}"))
-            return fut
-        self._commands.put((fn, fut))
-        if self._dead is not None and not fut.done():  # lost the race with a failure
-            fut.set_exception(EngineDeadError(f"engine failed: {self._dead}"))
-        return fut
-
-    def _run_commands(self, block: bool) -> None:
-        try:
-            cmd = self._commands.get(block=block)
-        except queue.Empty:
-            return
-        while True:
-            fn, fut = cmd
-            try:
-                result = fn(self.engine)
-            except Exception as e:  # noqa: BLE001 - the caller gets it
-                if fut is not None:
-                    fut.set_exception(e)
-            else:
-                if fut is not None:
-                    fut.set_result(result)
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
-
-    def _loop(self) -> None:
-        engine = self.engine
-        try:
-            while not self._stopping:
-                self._run_commands(block=not engine.has_unfinished())
-                if self._stopping:
-                    break
-                if engine.has_unfinished():
-                    outs = engine.step()
-                    if outs:
-                        self._sink.outputs(outs)
-                self._stats = engine.stats()
-        except BaseException as e:  # noqa: BLE001 - any failure kills the engine, loudly
-            log.exception("engine step failed; failing all requests")
-            self._dead = e
-            self._sink.failed(e)
-            # Commands queued after the failure also get the error instead of waiting forever.
-            err = EngineDeadError(f"engine failed: {e}")
-            while True:
-                try:
-                    _, fut = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if fut is not None and not fut.done():
-                    fut.set_exception(err)
 
 
 def _deliver_many(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:

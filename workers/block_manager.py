@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from workers.request import Sequence
+from workers.request import Seq
 
 
 @dataclass(eq=False)
@@ -58,7 +58,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache ---------------------------------------------------------------------
-    def _hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+    def _hashes(self, seq: Seq, num_full_blocks: int) -> list[int]:
         """Extends seq.block_hashes to cover its first `num_full_blocks` full blocks."""
         bs = self.block_size
         hashes = seq.block_hashes
@@ -68,7 +68,7 @@ class BlockManager:
             hashes.append(chain_hash(parent, tuple(toks[i * bs : (i + 1) * bs])))
         return hashes
 
-    def lookup_prefix(self, seq: Sequence) -> list[int]:
+    def lookup_prefix(self, seq: Seq) -> list[int]:
         """Block ids of the longest cached prefix of seq (at least one token left to compute)."""
         if not self.enable_caching:
             return []
@@ -91,14 +91,14 @@ class BlockManager:
         self.prefix_hits += num_hit_tokens
 
     # -- allocation -------------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
+    def can_allocate(self, seq: Seq, num_new_tokens: int, cached: list[int] = ()) -> bool:
         total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
         need = self.blocks_needed(total) - len(seq.block_ids) - len(cached)
         # Cached blocks sitting in the free queue are not free once we take them.
         taken_from_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
         return need <= self.num_free_blocks - taken_from_free
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
+    def allocate(self, seq: Seq, num_new_tokens: int, cached: list[int] = ()) -> bool:
         """Gives seq blocks for `num_new_tokens` more tokens (after `cached` prefix blocks).
 
         All or nothing: returns False and changes nothing when blocks do not suffice.
@@ -127,7 +127,7 @@ class BlockManager:
             del self.free_queue[bid]
         block.ref_count += 1
 
-    def commit_full_blocks(self, seq: Sequence) -> None:
+    def commit_full_blocks(self, seq: Seq) -> None:
         """Registers the hashes of seq's blocks that are now full of computed tokens."""
         if not self.enable_caching:
             return
@@ -145,7 +145,7 @@ class BlockManager:
             block.tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             self.cached[h] = block.block_id
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Seq) -> None:
         # Tail blocks first, so they are evicted before the (more shareable) prefix blocks.
         for bid in reversed(seq.block_ids):
             block = self.blocks[bid]

@@ -15,6 +15,12 @@ SUPPORTED_ARCHITECTURES = (
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
+# Defaults written once; EngineArgs, the configs and `LLM(...)` point here.
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # token budget of one engine step
+DEFAULT_STEP_TIMEOUT_S = 20.0
+
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -72,6 +78,36 @@ class ModelConfig:
     checkpoint_dtype: str = "float32"
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+
+    def kv_heads_per_rank(self, tp_size: int) -> int:
+        """KV heads split across ranks; replicated when there are more ranks than KV heads."""
+        if tp_size >= self.num_kv_heads:
+            if tp_size % self.num_kv_heads:
+                raise ValueError(
+                    f"tensor_parallel_size ({tp_size}) must be a multiple of "
+                    f"num_key_value_heads ({self.num_kv_heads}) when it exceeds it"
+                )
+            return 1
+        if self.num_kv_heads % tp_size:
+            raise ValueError(
+                f"num_key_value_heads ({self.num_kv_heads}) is not divisible by "
+                f"tensor_parallel_size ({tp_size})"
+            )
+        return self.num_kv_heads // tp_size
+
+    def check_tensor_parallel(self, tp_size: int) -> None:
+        """Raises ValueError naming what does not split across `tp_size` ranks."""
+        if self.num_heads % tp_size:
+            raise ValueError(
+                f"num_attention_heads ({self.num_heads}) is not divisible by "
+                f"tensor_parallel_size ({tp_size})"
+            )
+        if self.intermediate_size % tp_size:
+            raise ValueError(
+                f"intermediate_size ({self.intermediate_size}) is not divisible by "
+                f"tensor_parallel_size ({tp_size})"
+            )
+        self.kv_heads_per_rank(tp_size)
 
     @staticmethod
     def from_pretrained(path: str | Path) -> ModelConfig:
@@ -143,7 +179,7 @@ def _eos_ids(path: Path, cfg: dict[str, Any]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int | None = None  # None: a fraction of free memory (CUDA) / 1 GiB (CPU)
     gpu_memory_utilization: float = 0.85
@@ -152,8 +188,8 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_model_len: int
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -161,7 +197,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     # Watchdog: a step (or a collective) that does not finish in this time fails the engine
     # with an error naming the rank, instead of hanging it.
-    step_timeout_s: float = 20.0
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -172,15 +208,15 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     dtype: str = "auto"
     max_model_len: int | None = None
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     seed: int = 0
     device: str | None = None
     served_model_name: str | None = None
-    step_timeout_s: float = 20.0
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
 
     def create_config(self) -> EngineConfig:
         from workers.platform import Platform
@@ -202,12 +238,11 @@ class EngineArgs:
         max_model_len = self.max_model_len or limit
         if max_model_len > limit:
             raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({limit})")
-        from workers.distributed import TPGroup
-        from workers.models.llama import check_tp_divisibility
-
         # Fail at start-up, before any actor is spawned, when the heads do not divide.
-        check_tp_divisibility(model, TPGroup(0, self.tensor_parallel_size))
-        batched = self.max_num_batched_tokens or max(2048, self.block_size)
+        model.check_tensor_parallel(self.tensor_parallel_size)
+        batched = self.max_num_batched_tokens or max(
+            DEFAULT_MAX_NUM_BATCHED_TOKENS, self.block_size
+        )
         platform = Platform.detect(self.device)
         return EngineConfig(
             model=model,

@@ -1,44 +1,37 @@
-"""LLMEngine: add requests, then `step()` = schedule -> execute -> update, until done."""
+"""LLMEngine: add requests, then `step()` = schedule -> execute -> update, until done.
+
+Requests arrive checked (`workers.inputs.EngineInput`, built by `InputChecker`); the engine
+trusts them and only refuses what depends on its own state: a request_id already in use, a
+prompt that can never fit in the KV cache. Each step returns what the requests' output kinds
+ask for (see `workers.outputs`).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from workers.block_manager import BlockManager
 from workers.config import EngineArgs, EngineConfig
 from workers.executor import Executor, create_executor
+from workers.inputs import EngineInput, InputChecker
 from workers.output_processor import (
-    completion_output,
+    delta_output,
+    final_output,
     finish_abort,
     new_output_state,
     process_token,
 )
-from workers.outputs import RequestMetrics, RequestOutput
-from workers.request import SeqStatus, Sequence
+from workers.outputs import RequestMetrics, RequestOutput, RequestOutputKind
+from workers.request import Request, Seq, SeqStatus
 from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
 from workers.stats import EngineStats
 from workers.step import CachedSeq, NewSeq, StepInput
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    stream: bool
-    arrival_time: float
-
-    @property
-    def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.seqs)
 
 
 class LLMEngine:
@@ -55,12 +48,12 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.requests: dict[str, Request] = {}
-        self.seqs: dict[str, Sequence] = {}
+        self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
         self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
             self.tokenizer.eos_token_ids
         )
-        self.vocab_size = config.model.vocab_size
+        self.input_checker = InputChecker(config.model.vocab_size, config.scheduler.max_model_len)
         self.num_steps = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -84,62 +77,41 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.config.scheduler.max_model_len
 
-    # -- requests -----------------------------------------------------------------------------
-    def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
-            return prompt, self.tokenizer.encode(prompt)
-        if not isinstance(prompt, (list, tuple)) or not prompt:
-            raise ValueError("prompt must be a non-empty string or a non-empty list of token ids")
-        ids = list(prompt)
-        for t in ids:
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
-                raise ValueError(
-                    f"prompt token id {t!r} is outside the vocabulary [0, {self.vocab_size})"
-                )
-        return None, ids
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model.vocab_size
 
-    def add_request(
+    # -- requests -----------------------------------------------------------------------------
+    def add_prompt(
         self,
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
-        stream: bool = False,
         arrival_time: float | None = None,
     ) -> Request:
+        """Checks a raw prompt (text or token ids) with `input_checker`, then adds it."""
+        inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)
+        return self.add_request(request_id, inp, arrival_time)
+
+    def add_request(
+        self, request_id: str, inp: EngineInput, arrival_time: float | None = None
+    ) -> Request:
+        """Admits a checked request. Raises ValueError only for what depends on the engine's
+        state: a request_id in use, a prompt the KV cache can never hold."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams")
-        params.validate()
-        text, ids = self.tokenize_prompt(prompt)
-        if not ids:
-            raise ValueError("prompt must not be empty (it encodes to no tokens)")
-        limit = self.max_model_len
-        if len(ids) >= limit:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens, which leaves no room to generate within "
-                f"max_model_len ({limit})"
-            )
-        if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"max_tokens ({params.max_tokens}) + prompt length ({len(ids)}) exceeds "
-                f"max_model_len ({limit})"
-            )
-        params = replace(params, eos_token_ids=self.eos_token_ids)
+        params = replace(inp.params, eos_token_ids=self.eos_token_ids)
+        ids = list(inp.prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
-        seqs: list[Sequence] = []
+        seqs: list[Seq] = []
         for i in range(params.n):
             p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
-            seq = Sequence(
+            seq = Seq(
                 seq_id=f"{request_id}#{i}",
                 request_id=request_id,
                 index=i,
                 prompt_token_ids=ids,
                 params=p,
-                arrival_time=now,
-                prompt=text,
             )
             seq.out = new_output_state(seq, self.tokenizer)
             if i and self.config.cache.enable_prefix_caching:
@@ -147,7 +119,7 @@ class LLMEngine:
             seqs.append(seq)
         for seq in seqs:
             self.scheduler.add(seq)  # raises before anything is registered if it can never fit
-        req = Request(request_id, text, ids, params, seqs, stream, now)
+        req = Request(request_id, inp.prompt, ids, params, seqs, now)
         self.requests[request_id] = req
         for seq in seqs:
             self.seqs[seq.seq_id] = seq
@@ -201,11 +173,11 @@ class LLMEngine:
         for req in touched.values():
             if req.finished:
                 outputs.append(self._finish_request(req))
-            elif req.stream:
-                outputs.append(self._output(req, delta=True))
+            elif req.params.output_kind is RequestOutputKind.DELTA:
+                outputs.append(self._delta_output(req))
         return outputs
 
-    def _step_input(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
+    def _step_input(self, scheduled: list[tuple[Seq, int]]) -> StepInput:
         step = StepInput(removed=self._removed)
         self._removed = []
         for seq, n in scheduled:
@@ -236,7 +208,7 @@ class LLMEngine:
             seq.sent_blocks = len(seq.block_ids)
         return step
 
-    def _retire(self, seq: Sequence) -> None:
+    def _retire(self, seq: Seq) -> None:
         if seq.status is not SeqStatus.FINISHED:
             self.scheduler.remove(seq)
         if seq.on_workers:
@@ -245,31 +217,37 @@ class LLMEngine:
         self.seqs.pop(seq.seq_id, None)
 
     def _finish_request(self, req: Request) -> RequestOutput:
+        """The finished output: everything cumulative, the last delta, and the metrics."""
         self.requests.pop(req.request_id, None)
-        out = self._output(req, delta=True)
-        now = time.monotonic()
         seqs = req.seqs
         firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
         scheds = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
-        out.metrics = RequestMetrics(
-            arrival_time=req.arrival_time,
-            first_scheduled_time=min(scheds) if scheds else None,
-            first_token_time=min(firsts) if firsts else None,
-            finished_time=now,
-            token_times=sorted(t for s in seqs for t in s.token_times),
-            num_prompt_tokens=len(req.prompt_token_ids),
-            num_generation_tokens=sum(s.num_output_tokens for s in seqs),
-            num_cached_tokens=seqs[0].num_cached_tokens,
-        )
-        return out
-
-    def _output(self, req: Request, delta: bool) -> RequestOutput:
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids,
-            outputs=[completion_output(s, delta) for s in req.seqs],
-            finished=req.finished,
+            outputs=[final_output(s) for s in seqs],
+            finished=True,
+            num_cached_tokens=seqs[0].num_cached_tokens,
+            metrics=RequestMetrics(
+                arrival_time=req.arrival_time,
+                first_scheduled_time=min(scheds) if scheds else None,
+                first_token_time=min(firsts) if firsts else None,
+                finished_time=time.monotonic(),
+                token_times=sorted(t for s in seqs for t in s.token_times),
+                num_prompt_tokens=len(req.prompt_token_ids),
+                num_generation_tokens=sum(s.num_output_tokens for s in seqs),
+                num_cached_tokens=seqs[0].num_cached_tokens,
+            ),
+        )
+
+    def _delta_output(self, req: Request) -> RequestOutput:
+        """A running DELTA request: what changed this step, nothing cumulative."""
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=None,
+            prompt_token_ids=[],
+            outputs=[delta_output(s) for s in req.seqs],
             num_cached_tokens=req.seqs[0].num_cached_tokens,
         )
 

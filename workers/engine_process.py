@@ -3,18 +3,17 @@
 In a Ray Serve replica the engine thread and Serve's request handling (gRPC, pickling,
 routing-stats, streaming) share one interpreter: every millisecond Serve spends holding the
 GIL is a millisecond the step loop waits. `EngineProcess` runs the LLMEngine in a child
-process instead (as vLLM V1's EngineCore does) and talks to it over one socket pair:
+process instead (as vLLM V1's EngineCore does) and talks to it over one socket pair, with
+the typed messages of `workers.core_messages`: StartEngine, AddRequest, AbortRequest and
+StopEngine go down; EngineReady, StepResult, RequestRejected, EngineFatal and EngineStopped
+come back.
 
-    parent -> child   ("add", request_id, prompt, params, arrival_time) | ("abort", id) | ("stop",)
-    child -> parent   ("ready", num_blocks) | ("step", outputs, stats, step_token_counts)
-                      | ("rejected", request_id, message, bad_input) | ("fatal", message)
-                | ("stopped",)
+One StepResult carries every output of one engine step, exactly what the requests' output
+kinds asked for (running DELTA outputs hold deltas only), so nothing is stripped here and
+both cores hand out the same outputs. A reader thread in the parent gives them to the sink
+(`workers.async_engine.AsyncEngine`).
 
-One "step" message carries every output of one engine step; running outputs travel as
-deltas only (`workers.outputs.deltas_only`), the finished one with everything. A reader
-thread in the parent hands them to the sink (`workers.async_engine.AsyncEngine`).
-
-The child exits when the parent closes the socket, dies, or sends "stop"; if the child dies,
+The child exits when the parent closes the socket, dies, or sends StopEngine; if the child dies,
 the reader sees the socket close and fails every request with EngineDeadError. TP = 1 only:
 for TP > 1 the forward pass already runs in the ranks' Ray actors.
 """
@@ -33,12 +32,25 @@ import traceback
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
 
 from workers.config import EngineConfig
+from workers.core_messages import (
+    AbortRequest,
+    AddRequest,
+    EngineFatal,
+    EngineReady,
+    EngineStopped,
+    RequestRejected,
+    StartEngine,
+    StepResult,
+    StopEngine,
+    ToChild,
+    ToParent,
+)
+from workers.engine_core import OutputSink
 from workers.errors import EngineDeadError
-from workers.outputs import RequestOutput, deltas_only
-from workers.sampling_params import SamplingParams
+from workers.inputs import EngineInput, InputChecker
+from workers.outputs import RequestOutput
 from workers.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -48,22 +60,16 @@ log = logging.getLogger(__name__)
 PARENT_CHECK_S = 1.0
 
 
-class OutputSink(Protocol):
-    """Where an engine core delivers, from its own thread."""
-
-    def outputs(self, outs: list[RequestOutput]) -> None: ...
-    def rejected(self, request_id: str, err: Exception) -> None: ...
-    def failed(self, cause: BaseException) -> None: ...
-
-
 class EngineProcess:
-    """Parent side: starts the child, sends it commands, reads its outputs on a thread."""
+    """An `EngineCore`, parent side: starts the child, sends it commands, reads its outputs on
+    a thread."""
 
     def __init__(self, config: EngineConfig) -> None:
         from workers.tokenizer import Tokenizer
 
         self.model_name = config.served_model_name
         self.max_model_len = config.scheduler.max_model_len
+        self.input_checker = InputChecker(config.model.vocab_size, self.max_model_len)
         ours, theirs = socket.socketpair()
         with theirs:
             self._proc = subprocess.Popen(
@@ -80,21 +86,23 @@ class EngineProcess:
         self._error: BaseException | None = None
         self._reader: threading.Thread | None = None
         self.pid = self._proc.pid
+        msg: ToParent
         try:
-            self._send(config)
+            self._send(StartEngine(config))
             # While the child loads the model. The parent tokenizes nothing for the engine;
-            # servers use the tokenizer for chat templates, /tokenize and vocabulary checks.
+            # callers use the tokenizer for prompts, chat templates and /tokenize.
             self.tokenizer = Tokenizer.from_pretrained(config.model.path)
             msg = self._conn.recv()  # blocks until the child is ready (or gone)
         except (EOFError, OSError):
-            msg = ("fatal", f"engine process exited with code {self._proc.wait()}")
+            msg = EngineFatal(f"engine process exited with code {self._proc.wait()}")
         except BaseException:  # the tokenizer failed, or we were interrupted: no orphan
             self._reap(timeout_s=0)
             raise
-        if msg[0] != "ready":
+        if not isinstance(msg, EngineReady):
             self._reap(timeout_s=10)  # it is exiting on its own
-            raise EngineDeadError(f"engine process failed to start: {msg[1]}")
-        log.info("engine process %d ready: %d KV blocks", self.pid, int(msg[1]))
+            why = msg.message if isinstance(msg, EngineFatal) else repr(msg)
+            raise EngineDeadError(f"engine process failed to start: {why}")
+        log.info("engine process %d ready: %d KV blocks", self.pid, msg.num_blocks)
 
     def start(self, sink: OutputSink) -> None:
         self._reader = threading.Thread(
@@ -103,11 +111,11 @@ class EngineProcess:
         self._reader.start()
 
     # -- commands (any thread) ------------------------------------------------------------------
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        self._send(("add", request_id, prompt, params, time.monotonic()))
+    def add(self, request_id: str, inp: EngineInput) -> None:
+        self._send(AddRequest(request_id, inp, time.monotonic()))
 
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -131,7 +139,7 @@ class EngineProcess:
     def shutdown(self) -> None:
         self._stopping = True
         try:
-            self._send(("stop",))
+            self._send(StopEngine())
         except EngineDeadError:
             pass
         self._reap(timeout_s=30)
@@ -139,7 +147,7 @@ class EngineProcess:
             self._reader.join(timeout=5)
 
     # -- internals ------------------------------------------------------------------------------
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: ToChild) -> None:
         try:
             with self._send_lock:
                 self._conn.send(msg)
@@ -149,21 +157,21 @@ class EngineProcess:
     def _read_loop(self, sink: OutputSink) -> None:
         try:
             while True:
-                msg = self._conn.recv()
-                kind = msg[0]
-                if kind == "step":
-                    _, outs, stats, counts = msg
-                    self._stats = stats
-                    self._step_counts.extend(counts)
-                    if outs:
-                        sink.outputs(outs)
-                elif kind == "rejected":
-                    _, rid, text, bad_input = msg
-                    sink.rejected(rid, ValueError(text) if bad_input else RuntimeError(text))
-                elif kind == "stopped":
+                msg: ToParent = self._conn.recv()
+                if type(msg) is StepResult:
+                    self._stats = msg.stats
+                    self._step_counts.extend(msg.step_token_counts)
+                    if msg.outputs:
+                        sink.outputs(msg.outputs)
+                elif type(msg) is RequestRejected:
+                    err = ValueError if msg.bad_input else RuntimeError
+                    sink.rejected(msg.request_id, err(msg.message))
+                elif type(msg) is EngineStopped:
                     return
-                else:  # "fatal": the child's step loop failed and it is exiting
-                    raise EngineDeadError(msg[1])
+                elif type(msg) is EngineFatal:  # the child's step loop failed; it is exiting
+                    raise EngineDeadError(msg.message)
+                else:
+                    raise EngineDeadError(f"unexpected message from the engine process: {msg!r}")
         except (EOFError, OSError) as err:
             if self._stopping:
                 return
@@ -213,13 +221,13 @@ def serve_engine(conn: Connection) -> int:
     stop or the parent goes away. Returns the exit code."""
     from workers.engine import LLMEngine
 
-    config: EngineConfig = conn.recv()
+    start: StartEngine = conn.recv()
     try:
-        engine = LLMEngine(config)
+        engine = LLMEngine(start.config)
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(("fatal", traceback.format_exc(limit=5)))
+        conn.send(EngineFatal(traceback.format_exc(limit=5)))
         return 1
-    conn.send(("ready", engine.block_manager.num_blocks))
+    conn.send(EngineReady(engine.block_manager.num_blocks))
     last_stats = None
     try:
         while True:
@@ -227,37 +235,38 @@ def serve_engine(conn: Connection) -> int:
             # Block while idle; between steps take whatever arrived, without waiting.
             timeout = 0.0 if engine.has_unfinished() else None
             while conn.poll(timeout):
-                msg = conn.recv()
-                kind = msg[0]
-                if kind == "add":
-                    _, rid, prompt, params, arrival = msg
+                msg: ToChild = conn.recv()
+                if type(msg) is AddRequest:
                     try:
-                        engine.add_request(rid, prompt, params, stream=True, arrival_time=arrival)
+                        engine.add_request(msg.request_id, msg.input, msg.arrival_time)
                     except Exception as err:  # noqa: BLE001 - that request fails, not the engine
                         bad = isinstance(err, ValueError)
-                        conn.send(("rejected", rid, str(err) if bad else repr(err), bad))
-                elif kind == "abort":
-                    out = engine.abort(msg[1])
+                        text = str(err) if bad else repr(err)
+                        conn.send(RequestRejected(msg.request_id, text, bad))
+                elif type(msg) is AbortRequest:
+                    out = engine.abort(msg.request_id)
                     if out is not None:
                         outs.append(out)
-                else:  # "stop"
+                elif type(msg) is StopEngine:
                     engine.shutdown()
-                    conn.send(("stopped",))
+                    conn.send(EngineStopped())
                     return 0
+                else:
+                    raise TypeError(f"unexpected message from the parent: {msg!r}")
                 timeout = 0.0
             if engine.has_unfinished():
-                outs.extend(deltas_only(o) for o in engine.step())
+                outs.extend(engine.step())
             stats = engine.stats()
             counts = engine.pop_step_token_counts()
             if outs or counts or stats != last_stats:
-                conn.send(("step", outs, stats, counts))
+                conn.send(StepResult(outs, stats, counts))
                 last_stats = stats
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return 0  # the parent went away: nobody is listening
     except BaseException:  # noqa: BLE001 - the step loop failed: tell the parent, then exit
         log.exception("engine step failed")
         try:
-            conn.send(("fatal", traceback.format_exc(limit=5)))
+            conn.send(EngineFatal(traceback.format_exc(limit=5)))
         except OSError:
             pass
         return 1

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
+from dataclasses import replace
 
-from workers.config import EngineArgs
+from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, EngineArgs
 from workers.engine import LLMEngine
-from workers.outputs import RequestOutput
+from workers.outputs import RequestOutput, RequestOutputKind
 from workers.sampling_params import SamplingParams
 
 
@@ -18,10 +19,10 @@ class LLM:
         tensor_parallel_size: int = 1,
         dtype: str = "auto",
         max_model_len: int | None = None,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         enable_prefix_caching: bool = True,
         kv_cache_memory_bytes: int | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens: int | None = None,
         seed: int = 0,
         device: str | None = None,
@@ -50,8 +51,8 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[int] | Seq[str] | Seq[list[int]],
-        params: SamplingParams | Seq[SamplingParams] | None = None,
+        prompts: str | list[int] | Sequence[str] | Sequence[list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order.
@@ -69,15 +70,19 @@ class LLM:
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
-        for p in plist:
-            p.validate()
-        for p in prompts:  # validate every prompt before admitting any
-            self.engine.tokenize_prompt(p)
+        # Check every request before admitting any. Only final outputs are returned, so the
+        # engine is asked for nothing else (no per-step deltas).
+        checker, tokenizer = self.engine.input_checker, self.engine.tokenizer
+        final = {id(p): _final_only(p) for p in plist}  # one copy per distinct params object
+        inputs = [
+            checker.check_prompt(prompt, final[id(p)], tokenizer)
+            for prompt, p in zip(prompts, plist, strict=True)
+        ]
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added: list[str] = []
         try:
-            for rid, prompt, p in zip(ids, prompts, plist, strict=True):
-                self.engine.add_request(rid, prompt, p)
+            for rid, inp in zip(ids, inputs, strict=True):
+                self.engine.add_request(rid, inp)
                 added.append(rid)
         except Exception:
             for rid in added:
@@ -120,3 +125,11 @@ class LLM:
 
     def stats(self):  # noqa: ANN201
         return self.engine.stats()
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    if not isinstance(params, SamplingParams):
+        raise ValueError("params must be a SamplingParams")
+    if params.output_kind is RequestOutputKind.FINAL_ONLY:
+        return params
+    return replace(params, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from workers.config import ModelConfig
 from workers.distributed import TPGroup
 from workers.layers.embedding import padded_vocab
-from workers.models.llama import LlamaForCausalLM, kv_heads_per_rank
+from workers.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class _Target:
 def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, _Target]:
     hd = c.head_dim
     q_per = c.num_heads // tp.size * hd
-    kvh = kv_heads_per_rank(c, tp)
+    kvh = c.kv_heads_per_rank(tp.size)
     if tp.size >= c.num_kv_heads:  # replicated KV heads: this rank's single head
         kv_start = (tp.rank // (tp.size // c.num_kv_heads)) * hd
     else:

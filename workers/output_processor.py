@@ -1,4 +1,9 @@
-"""Per-sequence output state: text (via OutputText), stop conditions, logprobs, deltas."""
+"""Per-sequence output state: text (via OutputText), stop conditions, logprobs, deltas.
+
+`delta_output` is what a streaming (DELTA) request gets while it runs: only what changed
+since its previous output, nothing cumulative. `final_output` is the finished sample:
+cumulative text, tokens and logprobs, plus the last delta.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass
 
 from workers.detokenizer import OutputText
 from workers.outputs import CompletionOutput, TokenLogprobs
-from workers.request import Sequence
+from workers.request import Seq
 
 
 @dataclass(eq=False)
@@ -14,12 +19,11 @@ class SeqOutputState:
     text: OutputText
     stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
     logprobs: list[TokenLogprobs] | None = None
-    sent_text: int = 0  # characters streamed so far
-    sent_tokens: int = 0
+    sent_tokens: int = 0  # output tokens handed out in deltas so far
     sent_logprobs: int = 0
 
 
-def new_output_state(seq: Sequence, tokenizer) -> SeqOutputState:  # noqa: ANN001
+def new_output_state(seq: Seq, tokenizer) -> SeqOutputState:  # noqa: ANN001
     p = seq.params
     eos = () if p.ignore_eos else p.eos_token_ids
     return SeqOutputState(
@@ -35,9 +39,7 @@ def new_output_state(seq: Sequence, tokenizer) -> SeqOutputState:  # noqa: ANN00
     )
 
 
-def process_token(
-    seq: Sequence, token: int, logprobs: TokenLogprobs | None, max_model_len: int
-) -> None:
+def process_token(seq: Seq, token: int, logprobs: TokenLogprobs | None, max_model_len: int) -> None:
     """Appends one sampled token (already in seq.token_ids) and decides whether seq stops."""
     st: SeqOutputState = seq.out
     p = seq.params
@@ -59,34 +61,42 @@ def process_token(
         st.text.flush()
 
 
-def finish_abort(seq: Sequence) -> None:
+def finish_abort(seq: Seq) -> None:
     if seq.finish_reason is None:
         seq.finish_reason = "abort"
         seq.out.text.flush()
 
 
-def completion_output(seq: Sequence, delta: bool) -> CompletionOutput:
-    """The sequence's cumulative output plus, when `delta`, what changed since the last one."""
+def delta_output(seq: Seq) -> CompletionOutput:
+    """What changed since the sequence's previous output (finish_reason once it finished)."""
+    co = CompletionOutput(
+        index=seq.index, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason
+    )
+    _take_delta(seq, co)
+    return co
+
+
+def final_output(seq: Seq) -> CompletionOutput:
+    """The finished sequence: cumulative text, tokens and logprobs, plus the last delta."""
     st: SeqOutputState = seq.out
-    out_ids = seq.output_token_ids
-    finished = seq.finish_reason is not None
     co = CompletionOutput(
         index=seq.index,
         text=st.text.text,
-        token_ids=out_ids,
+        token_ids=seq.output_token_ids,
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
-        logprobs=list(st.logprobs) if st.logprobs is not None else None,
+        logprobs=st.logprobs,  # the sequence is done: nobody appends to it any more
     )
-    if delta:
-        co.delta_text = st.text.pop_delta(finished)
-        st.sent_text += len(co.delta_text)
-        co.delta_token_ids = out_ids[st.sent_tokens :]
-        st.sent_tokens = len(out_ids)
-        if st.logprobs is not None:
-            co.delta_logprobs = st.logprobs[st.sent_logprobs :]
-            st.sent_logprobs = len(st.logprobs)
-        if not finished:
-            # While streaming, the cumulative text is what has been shown so far.
-            co.text = st.text.text[: st.sent_text]
+    _take_delta(seq, co)
     return co
+
+
+def _take_delta(seq: Seq, co: CompletionOutput) -> None:
+    st: SeqOutputState = seq.out
+    co.delta_text = st.text.pop_delta(seq.finish_reason is not None)
+    # Sliced from the whole token list: no copy of the output tokens is made to find it.
+    co.delta_token_ids = seq.token_ids[seq.prompt_len + st.sent_tokens :]
+    st.sent_tokens += len(co.delta_token_ids)
+    if st.logprobs is not None:
+        co.delta_logprobs = st.logprobs[st.sent_logprobs :]
+        st.sent_logprobs = len(st.logprobs)

@@ -1,8 +1,28 @@
-"""What the engine hands back: one RequestOutput per request, one CompletionOutput per sample."""
+"""What the engine hands back: one RequestOutput per request, one CompletionOutput per sample.
+
+Which outputs a request gets is its `SamplingParams.output_kind`:
+
+- `RequestOutputKind.DELTA` (streaming): one output per engine step that gave the request a
+  token. A running output carries only what changed: `delta_text`, `delta_token_ids`,
+  `delta_logprobs`, and `finish_reason` / `stop_reason` of samples that have finished; its
+  cumulative fields (`prompt`, `prompt_token_ids`, `text`, `token_ids`, `logprobs`) are empty.
+- `RequestOutputKind.FINAL_ONLY`: nothing until the request finishes.
+
+Either way the finished output (`finished=True`) carries everything: the cumulative fields,
+the last delta and `metrics`. The engine builds only what the kind asks for, so nothing is
+built to be thrown away (vLLM's `RequestOutputKind` is the model).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    DELTA = "delta"  # running outputs with deltas only, then the finished output
+    FINAL_ONLY = "final_only"  # only the finished output
+
 
 # One position's logprobs: {token_id: logprob} holding the top-N and the chosen token.
 TokenLogprobs = dict[int, float]
@@ -10,7 +30,8 @@ TokenLogprobs = dict[int, float]
 
 @dataclass
 class CompletionOutput:
-    """One of the n samples of a request. Cumulative fields plus the delta since the last yield."""
+    """One of the n samples of a request: cumulative fields (finished output only) and the
+    delta since the previous output of the request."""
 
     index: int
     text: str = ""
@@ -36,7 +57,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    error: str | None = None
     metrics: RequestMetrics | None = None  # set on the final output
 
 
@@ -52,16 +72,3 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
-
-
-def deltas_only(out: RequestOutput) -> RequestOutput:
-    """A running output without its cumulative fields: what a stream consumer needs, and far
-    less to serialize per chunk (the finished output still carries everything)."""
-    if out.finished or (not out.prompt_token_ids and not any(c.token_ids for c in out.outputs)):
-        return out  # finished, or stripped already (the process core sends them so)
-    return replace(
-        out,
-        prompt=None,
-        prompt_token_ids=[],
-        outputs=[replace(c, text="", token_ids=[], logprobs=None) for c in out.outputs],
-    )

@@ -1,10 +1,9 @@
-"""Sequence state: the unit the scheduler schedules (one per sample; a request with n > 1
-has n sequences sharing its request_id)."""
+"""Request and sequence state. A `Seq` is the unit the scheduler schedules, one per sample; a
+`Request` with n > 1 has n sequences sharing its request_id."""
 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +17,12 @@ class SeqStatus(enum.Enum):
 
 
 @dataclass(eq=False)
-class Sequence:
+class Seq:
     seq_id: str
     request_id: str
     index: int
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float = field(default_factory=time.monotonic)
-    prompt: str | None = None
     # Cumulative tokens (prompt + outputs); appended in place as tokens are sampled.
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -35,7 +32,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     status: SeqStatus = SeqStatus.WAITING
     # n > 1: siblings wait for sequence 0's prefill, then reuse its cached prompt blocks.
-    gate: Sequence | None = None
+    gate: Seq | None = None
     # What the workers already hold (the scheduler sends them only the difference).
     sent_tokens: int = 0
     sent_blocks: int = 0
@@ -76,3 +73,17 @@ class Sequence:
     @property
     def prefill_done(self) -> bool:
         return self.num_computed_tokens >= self.prompt_len
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams  # as admitted: eos ids filled in
+    seqs: list[Seq]
+    arrival_time: float
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.seqs)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workers.outputs import RequestOutputKind
+
 # Top-N logprobs per token are capped: each one costs a top-k over the vocabulary and a
 # Python object per token in every streamed delta. 20 is OpenAI's cap for top_logprobs.
 MAX_LOGPROBS = 20
+
+# Output tokens when a request names none: vLLM's and OpenAI's completions default; the
+# HTTP and gRPC completions read it from here.
+DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass
@@ -14,7 +20,7 @@ class SamplingParams:
     """Per-request sampling and stopping options; bad values raise ValueError naming the field."""
 
     n: int = 1
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -30,6 +36,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # What the engine produces: deltas while running (streaming), or only the final output.
+    output_kind: RequestOutputKind = RequestOutputKind.DELTA
     # Filled in by the engine, never by users: EOS ids from the checkpoint.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -94,6 +102,8 @@ class SamplingParams:
             raise bad(
                 "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
             )
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad("output_kind", f"must be a RequestOutputKind, got {self.output_kind!r}")
 
 
 def _is_int(v: object) -> bool:

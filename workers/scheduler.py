@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
 from workers.config import SchedulerConfig
-from workers.request import SeqStatus, Sequence
+from workers.request import Seq, SeqStatus
 
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[tuple[Sequence, int]]  # (sequence, tokens to compute this step)
-    preempted: list[Sequence] = field(default_factory=list)
+    scheduled: list[tuple[Seq, int]]  # (sequence, tokens to compute this step)
+    preempted: list[Seq] = field(default_factory=list)
     num_batched_tokens: int = 0
 
 
@@ -30,15 +30,11 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.bm = block_manager
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
         self.num_preemptions = 0
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Seq) -> None:
         capacity = self.bm.num_blocks * self.bm.block_size
         if seq.prompt_len + 1 > capacity:
             raise ValueError(
@@ -47,7 +43,7 @@ class Scheduler:
             )
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: Seq) -> None:
         """Drops a sequence (finished or aborted) and returns its blocks."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
@@ -56,7 +52,7 @@ class Scheduler:
         self.bm.free(seq)
         seq.status = SeqStatus.FINISHED
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Seq, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.bm.free(seq)
         seq.num_computed_tokens = 0
@@ -87,7 +83,7 @@ class Scheduler:
             # seq itself was preempted; the list shifted, do not advance i.
         # 2. Waiting sequences, in arrival order, unless we just had to preempt.
         now = time.monotonic()
-        skipped: list[Sequence] = []
+        skipped: list[Seq] = []
         while (
             self.waiting
             and budget > 0

@@ -18,7 +18,6 @@ from workers.distributed import TPGroup
 from workers.loader import load_weights
 from workers.model_runner import SeqState, prepare_inputs
 from workers.models import build_model
-from workers.models.llama import kv_heads_per_rank
 from workers.step import StepInput, StepOutput
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,7 @@ _CPU_DEFAULT_KV_BYTES = 1 << 30
 def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
     m = config.model
     elem = torch.empty(0, dtype=config.torch_dtype).element_size()
-    kvh = kv_heads_per_rank(m, tp)
+    kvh = m.kv_heads_per_rank(tp.size)
     return 2 * m.num_layers * config.cache.block_size * kvh * m.head_dim * elem
 
 
@@ -99,7 +98,7 @@ class Worker:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         m = self.config.model
-        shape = (num_blocks, self.block_size, kv_heads_per_rank(m, self.tp), m.head_dim)
+        shape = (num_blocks, self.block_size, m.kv_heads_per_rank(self.tp.size), m.head_dim)
         # Zeroed, not empty: padded decode rows read unused slots, and garbage NaNs there would
         # poison the masked softmax (0 * NaN = NaN).
         self.kv_caches = [
@@ -177,7 +176,8 @@ class Worker:
         return self._sample(logits, rows, ids)
 
     def _sample(self, logits: torch.Tensor, rows: list[SeqState], ids: list[str]) -> StepOutput:
-        from workers.layers.sampler import SamplingBatch, logprobs_to_dicts
+        from workers.layers.sampler import logprobs_to_dicts
+        from workers.layers.sampling_batch import SamplingBatch
 
         batch = SamplingBatch.build(
             [s.params for s in rows],

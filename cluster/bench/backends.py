@@ -6,54 +6,22 @@
              baseline the HTTP path is measured against.
 - grpc:      provided by cluster/bench/grpc_backend.py as `open_grpc_backend(ctx) -> Backend`.
 
-A backend is opened with a BackendContext, used by concurrent `send` calls, then closed.
+A backend is opened with a BackendContext, used by concurrent `send` calls, then closed; the
+types every backend shares are in cluster/bench/backend_types.py.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from cluster.bench.backend_types import Backend, BackendContext, RequestRecord
 from cluster.bench.common import BenchRequest
+from cluster.bench.grpc_backend import open_grpc_backend
 
 BACKENDS = ("http", "inprocess", "grpc")
-
-
-@dataclass
-class RequestRecord:
-    """What one request measured (times in seconds from its send)."""
-
-    ok: bool
-    prompt_len: int
-    output_len: int = 0
-    ttft: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    e2e: float = 0.0
-    cached_tokens: int = 0
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class BackendContext:
-    """Everything a backend may need; each uses its part."""
-
-    model: str  # the model id sent in requests
-    model_dir: str  # checkpoint on this machine (inprocess; tokenizer for the workload)
-    base_url: str | None = None  # http: e.g. http://127.0.0.1:8000
-    grpc_address: str | None = None  # grpc: HOST:PORT
-    api_key: str | None = None
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # inprocess EngineArgs extras
-    torch_threads: int = 0  # inprocess: torch intra-op threads (0: torch's default)
-
-
-class Backend(Protocol):
-    name: str
-
-    async def send(self, req: BenchRequest) -> RequestRecord: ...
-
-    async def close(self) -> None: ...
+__all__ = ["BACKENDS", "Backend", "BackendContext", "RequestRecord", "open_backend"]
 
 
 async def open_backend(name: str, ctx: BackendContext) -> Backend:
@@ -63,8 +31,6 @@ async def open_backend(name: str, ctx: BackendContext) -> Backend:
     if name == "inprocess":
         return await InProcessBackend.open(ctx)
     if name == "grpc":
-        from cluster.bench.grpc_backend import open_grpc_backend
-
         return await open_grpc_backend(ctx)
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,15 +232,3 @@ def write_result_json(path: str | Path, payload: dict[str, Any]) -> None:
     if path.parent != Path():
         path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'1073741824', '1GiB', '512MiB', '2G', '1.5GB' -> bytes (K/M/G/T read as powers of 1024)."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"not a memory size: {text!r} (e.g. 512MiB, 2GiB, 1073741824)")
-    number, unit = float(match.group(1)), match.group(2).upper()
-    return int(number * 1024 ** "_KMGT".index(unit or "_"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cluster.bench.backends import BackendContext, RequestRecord
+from cluster.bench.backend_types import BackendContext, RequestRecord
 from cluster.bench.common import BenchRequest
 
 

@@ -13,6 +13,9 @@ prompt tokens from each response's usage / prompt tokens).
 
 --launch starts a local Ray instance and deploys the kvray app itself (once per router in
 --request-router); `inprocess` runs first, before Ray starts, so the two never share the CPU.
+
+This module runs the command; the workloads are in serve_workload.py, the statistics and the
+report in serve_report.py, the --launch cluster in launch.py, the backends in backends.py.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ import asyncio
 import contextlib
 import math
 import random
-import socket
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -34,22 +35,31 @@ from cluster.bench.backends import BACKENDS, BackendContext, RequestRecord, open
 from cluster.bench.common import (
     BenchRequest,
     Workload,
-    parse_size,
-    random_workload,
     sampleable_token_ids,
     warmup_workload,
     write_result_json,
 )
 from cluster.bench.cpu import cpu_seconds_by_role, ms_per_token
+from cluster.bench.launch import LocalCluster
+from cluster.bench.serve_report import compare, format_report, summarize, summary_line
+from cluster.bench.serve_workload import build_workload
 from cluster.config import ROUTERS, ServeConfig
+from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 from cluster.serve_env import apply_serve_env
+from cluster.units import parse_size
+
+_DEFAULTS = ServeConfig()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--backend", default="http", help=f"comma list of {', '.join(BACKENDS)} (default: http)")
     a("--base-url", default=None, help="server to benchmark, e.g. http://127.0.0.1:8000")
-    a("--grpc-address", default=None, help="grpc backend: HOST:PORT (default: base-url host:9000)")
+    a(
+        "--grpc-address",
+        default=None,
+        help=f"grpc backend: HOST:PORT (default: base-url host:{DEFAULT_GRPC_PORT})",
+    )
     a("--api-key", default=None, help="Bearer key for the server")
     a("--model", default=None, help="checkpoint dir for the tokenizer / inprocess engine (demo)")
     a("--served-model-name", default=None, help="model id in requests (default: the server's)")
@@ -81,14 +91,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--result-json", default=None, metavar="FILE")
     g = parser.add_argument_group("--launch: a local kvray app to benchmark")
     g.add_argument("--launch", action="store_true", help="start local Ray + the kvray app")
-    g.add_argument("--num-replicas", type=int, default=1)
+    g.add_argument("--num-replicas", type=int, default=_DEFAULTS.num_replicas)
     g.add_argument(
         "--request-router",
-        default="prefix_affinity",
+        default=_DEFAULTS.request_router,
         help=f"comma list of {', '.join(ROUTERS)}: one launched app each",
     )
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--stream-interval-ms", type=int, default=ServeConfig().stream_interval_ms)
+    g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.stream_interval_ms)
     g.add_argument("--kv-cache-memory", type=parse_size, default=None)
     g.add_argument(
         "--no-engine-process",
@@ -139,66 +149,6 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"\nwrote {args.result_json}")
     return 0 if summaries and all(s["completed"] for s in summaries) else 1
-
-
-# -- workloads --------------------------------------------------------------------------------
-
-
-def build_workload(args: argparse.Namespace, token_ids: Sequence[int]) -> Workload:
-    if args.workload == "shared-prefix":
-        return tenant_workload(
-            token_ids,
-            num_prompts=args.num_prompts,
-            num_tenants=args.num_tenants,
-            prefix_len=args.prefix_len,
-            input_len=args.input_len,
-            output_len=args.output_len,
-            seed=args.seed,
-        )
-    w = random_workload(
-        token_ids,
-        num_prompts=args.num_prompts,
-        input_len_range=(args.input_len, args.input_len),
-        output_len_range=(args.output_len, args.output_len),
-        seed=args.seed,
-    )
-    return Workload("random", w.requests, w.params)
-
-
-def tenant_workload(
-    token_ids: Sequence[int],
-    *,
-    num_prompts: int,
-    num_tenants: int,
-    prefix_len: int,
-    input_len: int,
-    output_len: int,
-    seed: int,
-) -> Workload:
-    """Multi-tenant shared prefixes: each tenant has its own system prompt (prefix_len tokens);
-    each request = a random tenant's prefix + its own random suffix, input_len tokens in all."""
-    if num_tenants < 1 or not 0 < prefix_len < input_len or output_len < 1:
-        raise ValueError(
-            "need --num-tenants >= 1, 0 < --prefix-len < --input-len, --output-len >= 1"
-        )
-    rng = random.Random(seed)
-    prefixes = [tuple(rng.choices(token_ids, k=prefix_len)) for _ in range(num_tenants)]
-    requests = tuple(
-        BenchRequest(
-            prefixes[rng.randrange(num_tenants)]
-            + tuple(rng.choices(token_ids, k=input_len - prefix_len)),
-            output_len,
-        )
-        for _ in range(num_prompts)
-    )
-    params = {
-        "num_tenants": num_tenants,
-        "prefix_len": prefix_len,
-        "input_len": input_len,
-        "output_len": output_len,
-        "seed": seed,
-    }
-    return Workload("shared-prefix", requests, params)
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -352,7 +302,7 @@ async def _rounds(
 
 
 async def _with_server_defaults(ctx: BackendContext) -> BackendContext:
-    """Fills the model id (from /v1/models) and the gRPC address (base-url host, port 9000)."""
+    """Fills the model id (from /v1/models) and the gRPC address (base-url host, gRPC port)."""
     from dataclasses import replace
     from urllib.parse import urlparse
 
@@ -367,227 +317,11 @@ async def _with_server_defaults(ctx: BackendContext) -> BackendContext:
                 model = (await r.json())["data"][0]["id"]
     grpc_address = ctx.grpc_address
     if grpc_address is None and ctx.base_url:
-        grpc_address = f"{urlparse(ctx.base_url).hostname}:9000"
+        grpc_address = f"{urlparse(ctx.base_url).hostname}:{DEFAULT_GRPC_PORT}"
     return replace(ctx, model=model, grpc_address=grpc_address)
-
-
-class LocalCluster:
-    """--launch: a local Ray instance running the kvray app on free ports."""
-
-    def __init__(self, args: argparse.Namespace, max_queued: int) -> None:
-        self._args = args
-        self._max_queued = max(128, max_queued)
-
-    def __enter__(self) -> LocalCluster:
-        import ray
-        from ray import serve
-
-        from cluster.grpc_api.ingress import grpc_options
-
-        self.http_port, self.grpc_port = _free_port(), _free_port()
-        ray.init(
-            address="local",  # a new instance, never one another `ray start` left running
-            num_cpus=max(4, self._args.num_replicas + 2),
-            include_dashboard=False,
-            logging_level="WARNING",
-            # Every request logs a line in each replica; relayed here they would bury the
-            # report and cost this (the client's) process CPU. Failed requests still show
-            # their errors in the report.
-            log_to_driver=False,
-        )
-        # Ray's default temp dir; session_latest points at this instance.
-        print("local Ray started; replica logs in /tmp/ray/session_latest/logs/serve", flush=True)
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": self.http_port},
-            grpc_options=grpc_options(self.grpc_port),
-        )
-        return self
-
-    def deploy(self, router: str, base: BackendContext) -> BackendContext:
-        from dataclasses import replace
-
-        from ray import serve
-
-        from cluster.app import build_app
-
-        config = ServeConfig(
-            model=self._args.model,
-            num_replicas=self._args.num_replicas,
-            request_router=router,
-            max_num_seqs=self._args.max_num_seqs,
-            stream_interval_ms=self._args.stream_interval_ms,
-            engine_process=not self._args.no_engine_process,
-            kv_cache_memory_bytes=self._args.kv_cache_memory,
-            # A benchmark measures latency under load; it must not be turned away with 429s.
-            max_queued_requests=self._max_queued,
-            max_ongoing_requests=max(256, self._max_queued),
-        )
-        print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")
-        serve.run(build_app(config), name="kvray-bench", route_prefix="/")
-        return replace(
-            base,
-            model=config.model_name(),
-            base_url=f"http://127.0.0.1:{self.http_port}",
-            grpc_address=f"127.0.0.1:{self.grpc_port}",
-        )
-
-    def undeploy(self) -> None:
-        from ray import serve
-
-        serve.delete("kvray-bench")
-
-    def __exit__(self, *exc: object) -> None:
-        import ray
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
-
-
-# -- reporting --------------------------------------------------------------------------------
-
-
-def _stats_ms(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-    return {
-        "mean": 1000 * statistics.fmean(ordered),
-        "median": 1000 * statistics.median(ordered),
-        "p99": 1000 * p99,
-    }
-
-
-def summarize(backend: str, records: Sequence[RequestRecord], elapsed: float) -> dict[str, Any]:
-    ok = [r for r in records if r.ok]
-    prompt = sum(r.prompt_len for r in ok)
-    output = sum(r.output_len for r in ok)
-    tpot = [(r.e2e - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
-    errors = sorted({r.error for r in records if not r.ok})
-    return {
-        "backend": backend,
-        "completed": len(ok),
-        "failed": len(records) - len(ok),
-        "errors": errors[:5],
-        "duration_s": elapsed,
-        "prompt_tokens": prompt,
-        "output_tokens": output,
-        "request_throughput": len(ok) / elapsed,
-        "output_throughput": output / elapsed,
-        "total_token_throughput": (prompt + output) / elapsed,
-        "prefix_cache_hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
-        "cached_tokens": sum(r.cached_tokens for r in ok),
-        "ttft_ms": _stats_ms([r.ttft for r in ok]),
-        "tpot_ms": _stats_ms(tpot),
-        "itl_ms": _stats_ms([x for r in ok for x in r.itl]),
-        "e2e_ms": _stats_ms([r.e2e for r in ok]),
-    }
-
-
-def summary_line(s: dict[str, Any]) -> str:
-    return (
-        f"  {s['backend']}: {s['completed']} ok / {s['failed']} failed in {s['duration_s']:.2f} s, "
-        f"{s['output_throughput']:.1f} output tok/s, TTFT median {s['ttft_ms']['median']:.1f} ms, "
-        f"prefix-cache hit rate {s['prefix_cache_hit_rate']:.1%}"
-        + (f", errors: {s['errors']}" if s["errors"] else "")
-    )
-
-
-def compare(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets (each backend vs the in-process run of the same round, median over
-    rounds) and router vs router prefix-cache hit rates."""
-    rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for s in summaries:
-        rounds.setdefault((s.get("group", ""), s.get("round", 0)), []).append(s)
-    ratios: dict[str, list[float]] = {}
-    overheads: dict[str, list[float]] = {}
-    for same in rounds.values():
-        base = next((s for s in same if s["backend"] == "inprocess"), None)
-        if base is None or not base["output_throughput"]:
-            continue
-        for s in same:
-            if s is not base:
-                name = f"{s['backend']} vs inprocess"
-                ratios.setdefault(name, []).append(
-                    s["output_throughput"] / base["output_throughput"]
-                )
-                overheads.setdefault(name, []).append(
-                    s["ttft_ms"]["median"] - base["ttft_ms"]["median"]
-                )
-    out: dict[str, Any] = {
-        name: {
-            "output_throughput_ratio": statistics.median(ratios[name]),
-            "median_ttft_overhead_ms": statistics.median(overheads[name]),
-            "rounds": len(ratios[name]),
-            "output_throughput_ratios": ratios[name],
-            "median_ttft_overheads_ms": overheads[name],
-        }
-        for name in ratios
-    }
-    hit_rates: dict[str, list[float]] = {}
-    for s in summaries:
-        if "[" in s["backend"]:
-            hit_rates.setdefault(s["backend"], []).append(s["prefix_cache_hit_rate"])
-    if len(hit_rates) > 1:
-        out["prefix_cache_hit_rate"] = {k: statistics.fmean(v) for k, v in hit_rates.items()}
-    return out
-
-
-def format_report(summaries: Sequence[dict[str, Any]], comparisons: dict[str, Any]) -> str:
-    head = (
-        f"{'backend':<28}{'req/s':>8}{'out tok/s':>11}{'TTFT mean/med/p99 ms':>24}"
-        f"{'TPOT med ms':>13}{'ITL med/p99 ms':>17}{'E2E med/p99 ms':>18}{'hit rate':>10}"
-    )
-    rows = [head, "-" * len(head)]
-    multi = any(s.get("round") for s in summaries)
-
-    def label(s: dict[str, Any]) -> str:
-        return s["backend"] + (f" r{s.get('round', 0) + 1}" if multi else "")
-
-    for s in summaries:
-        t, tp, i, e = s["ttft_ms"], s["tpot_ms"], s["itl_ms"], s["e2e_ms"]
-        rows.append(
-            f"{label(s):<28}{s['request_throughput']:>8.2f}{s['output_throughput']:>11.1f}"
-            f"{t['mean']:>9.1f}/{t['median']:.1f}/{t['p99']:.1f}".ljust(71)
-            + f"{tp['median']:>8.2f}{i['median']:>11.2f}/{i['p99']:.2f}"
-            f"{e['median']:>11.1f}/{e['p99']:.1f}{s['prefix_cache_hit_rate']:>9.1%}"
-        )
-    cpu = [s for s in summaries if s.get("cpu_ms_per_output_token")]
-    if cpu:
-        rows.append("CPU ms per output token, by process (this machine's processes only):")
-    for s in cpu:
-        roles = s["cpu_ms_per_output_token"]
-        rows.append(
-            f"  {label(s):<26}{sum(roles.values()):6.2f} = "
-            + ", ".join(f"{role} {ms:.2f}" for role, ms in roles.items())
-        )
-    for name, c in comparisons.items():
-        if name == "prefix_cache_hit_rate":
-            rows.append(
-                "prefix-cache hit rate by router: "
-                + ", ".join(f"{k} {v:.1%}" for k, v in c.items())
-            )
-        else:
-            spread = ""
-            if c["rounds"] > 1:
-                lo, hi = min(c["output_throughput_ratios"]), max(c["output_throughput_ratios"])
-                spread = f" (median of {c['rounds']} rounds, {lo:.2f}-{hi:.2f}x)"
-            rows.append(
-                f"{name}: output throughput {c['output_throughput_ratio']:.2f}x (target >= 0.85), "
-                f"median TTFT overhead {c['median_ttft_overhead_ms']:+.1f} ms (target <= 10)"
-                + spread
-            )
-    return "\n".join(rows)
 
 
 def _demo_dir() -> Path:
     from workers.demo import demo_model_dir
 
     return demo_model_dir()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             prompt = engine.tokenizer.apply_chat_template(
                 [{"role": "user", "content": args.prompt}]
             )
-        engine.add_request("generate-0", prompt, params, stream=True)
+        engine.add_prompt("generate-0", prompt, params)
     except ValueError as e:
         print(f"kvray generate: error: {e}", file=sys.stderr)
         return 2

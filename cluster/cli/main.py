@@ -10,6 +10,9 @@ import argparse
 import importlib
 import sys
 
+from cluster.config import DEFAULT_HTTP_PORT
+from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
+
 # (subcommand path, module, one-line help)
 _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("serve",), "cluster.cli.serve", "serve a model over HTTP (OpenAI API) and gRPC on Ray"),
@@ -24,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvray",
         description="kvray: LLM serving on Ray. Run `kvray serve` to serve the built-in demo "
-        "model on http://127.0.0.1:8000 (OpenAI API) and 127.0.0.1:9000 (gRPC).",
+        f"model on http://127.0.0.1:{DEFAULT_HTTP_PORT} (OpenAI API) and "
+        f"127.0.0.1:{DEFAULT_GRPC_PORT} (gRPC).",
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}

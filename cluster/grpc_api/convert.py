@@ -1,12 +1,11 @@
-"""kvray.v1 messages <-> LLMServer's request dicts and the engine's RequestOutputs.
+"""kvray.v1 messages <-> the engine's SamplingParams and RequestOutputs.
 
 Pure functions, no Ray and no server: the gRPC ingress (cluster/grpc_api/servicer.py) is these
-plus transport and the tokenizer. Requests become the same dict the HTTP ingress builds (see
-cluster/server/llm_server.py) with the same defaults as the HTTP API (max_tokens 16 for text and
-token-id prompts as /v1/completions, unset for chat as /v1/chat/completions), so both APIs
-give the same output for the same request. Field values are checked by the engine's
-SamplingParams, once for both APIs; errors name the field as the client wrote it
-(`sampling.top_p`).
+plus transport and the shared ingress checks (cluster/ingress/). Sampling options get the same
+defaults as the HTTP API (max_tokens 16 for text and token-id prompts as /v1/completions, unset
+for chat as /v1/chat/completions), so both APIs give the same output for the same request.
+Field values are checked by the engine's SamplingParams, once for both APIs; errors name the
+field as the client wrote it (`sampling.top_p`).
 """
 
 from __future__ import annotations
@@ -16,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.errors import InvalidRequestError, ModelNotFoundError
+from cluster.ingress import checks
 from kvray.v1 import llm_pb2
+from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 if TYPE_CHECKING:
     from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 
 # /v1/completions' default; chat leaves max_tokens unset (up to the context length).
-DEFAULT_MAX_TOKENS = 16
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # SamplingParams message fields that are proto3 `optional` (unset = the engine's default).
@@ -32,7 +32,7 @@ _FINISH_REASONS = {
     "length": llm_pb2.FINISH_REASON_LENGTH,
     "abort": llm_pb2.FINISH_REASON_ABORT,
 }
-# LLMServer / SamplingParams field names -> where the field is in a GenerateRequest.
+# Ingress / SamplingParams field names -> where the field is in a GenerateRequest.
 _REQUEST_FIELD_PATHS = {
     "messages": "chat",
     "logprobs": "logprobs.top_logprobs",
@@ -71,16 +71,11 @@ def prompt_input(
     raise InvalidRequestError("input", "set one of the input fields (text, token_ids, chat)")
 
 
-def llm_request(
-    req: llm_pb2.GenerateRequest, request_id: str, prompt_ids: list[int]
-) -> dict[str, Any]:
-    """The LLMServer.generate request dict, the prompt already tokenized (as the HTTP
-    ingress does, so the prefix-affinity router sees token ids)."""
-    return {
-        "request_id": request_id,
-        "prompt": prompt_ids,
-        "params": sampling_kwargs(req, chat=input_kind(req) == "chat"),
-    }
+def sampling_params(req: llm_pb2.GenerateRequest, *, stream: bool) -> SamplingParams:
+    """The engine's SamplingParams for a request (validated; output kind as `stream` needs)."""
+    return checks.sampling_params(
+        sampling_kwargs(req, chat=input_kind(req) == "chat"), stream=stream
+    )
 
 
 def chat_messages(chat: llm_pb2.ChatMessages) -> list[dict[str, str]]:
@@ -117,7 +112,8 @@ def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, An
 
 
 def request_field_path(field_name: str | None, kind: str | None) -> str | None:
-    """Where an LLMServer error's field lives in the GenerateRequest the client sent."""
+    """Where an error's field (a SamplingParams name, or "prompt" for the input) lives in the
+    GenerateRequest the client sent."""
     if field_name is None:
         return None
     if field_name == "prompt":

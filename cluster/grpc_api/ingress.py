@@ -45,6 +45,8 @@ from cluster.config import ServeConfig
 logger = logging.getLogger("kvray.grpc")
 
 GRPC_INGRESS_NAME = "GrpcIngress"
+# Ray Serve's default `grpc_options.port` (DESIGN.md's port table); the one literal: the CLI
+# flags import it. tests/cluster/server/test_ray_internals.py checks it against gRPCOptions().
 DEFAULT_GRPC_PORT = 9000
 LLM_SERVICE = "kvray.v1.LLMService"
 # Ray's built-in resource on the head node; a sliver of it pins a replica there.
@@ -189,15 +191,12 @@ async def _listen_address(settings: GrpcSettings) -> tuple[str, int]:
     """(host, port) from the settings, else from the running Serve instance's options."""
     host, port = settings.host, settings.port
     if host is None or port is None:
-        import ray
-        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+        from cluster.server.ray_internals import serve_grpc_options, serve_http_options
 
-        # Serve keeps http_options / grpc_options in its controller and has no public getter
-        # for them inside a replica; ask the controller actor as Serve's own replicas do.
-        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        # Serve keeps http_options / grpc_options in its controller; see ray_internals.
         if host is None:
-            host = (await controller.get_http_config.remote()).host or "0.0.0.0"
+            host = (await serve_http_options()).host or "0.0.0.0"
         if port is None:
-            grpc_port = (await controller.get_grpc_config.remote()).port
+            grpc_port = (await serve_grpc_options()).port
             port = grpc_port if grpc_port > 0 else DEFAULT_GRPC_PORT
     return host, port

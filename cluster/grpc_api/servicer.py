@@ -2,13 +2,15 @@
 
 Every RPC runs in one frame (`_rpc`) that checks the API key, bounds the call by the
 client's deadline, maps errors to status codes and counts the outcome in
-`kvray_router_requests_total{protocol="grpc"}`. Like the HTTP ingress, prompts are tokenized
-here (chat through the template) and sent to LLMServer as token ids through the same
-DeploymentHandle, so the prefix-affinity router and the engine see identical requests from
-both APIs.
+`kvray_router_requests_total{protocol="grpc"}`. Like the HTTP ingress, and with the same
+code (cluster/ingress/), a request is checked here into the engine's own types (prompt
+tokenized, chat through the template, SamplingParams and token ids checked against the served
+model) and sent to LLMServer as a GenerateRequest through the shared LLMClient, so the
+prefix-affinity router and the engine see identical requests from both APIs, and errors
+have the same status on both (cluster.errors.as_kvray_error).
 
 Cancellation: grpc.aio cancels the handler task when the client cancels or disconnects; the
-handle's response generator is cancelled with it (`_outputs`), which Ray Serve delivers to
+LLMClient stream is closed with it, which cancels the Serve call, which Ray Serve delivers to
 the LLMServer replica as CancelledError, which aborts the engine request and frees its KV
 blocks. Deadlines are enforced here as well (asyncio.timeout on the remaining time), so the
 engine request is aborted at the deadline even before the transport notices.
@@ -20,15 +22,20 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
 
-from cluster.errors import InvalidRequestError, KvrayError, unwrap
+from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import convert as conv
+from cluster.ingress import checks
 from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.llm_client import LLMClient
+from cluster.ingress.prompts import Prompts
+from cluster.ingress.token_text import TokenStrings
+from cluster.server.messages import GenerateRequest
 from kvray.v1 import llm_pb2, llm_pb2_grpc
 
 if TYPE_CHECKING:
@@ -41,28 +48,13 @@ OWNED_BY = "kvray"
 
 
 def status_for(exc: BaseException, input_kind: str | None = None) -> tuple[grpc.StatusCode, str]:
-    """The status code and details a failed RPC ends with."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-    from ray.serve.exceptions import (
-        BackPressureError,
-        DeploymentUnavailableError,
-        ReplicaUnavailableError,
-    )
-
-    err = unwrap(exc)
+    """The status code and details a failed RPC ends with: cluster.errors' one mapping, with
+    an invalid field named where it is in the request the client sent."""
+    err = as_kvray_error(exc)
     if isinstance(err, InvalidRequestError):
         path = conv.request_field_path(err.field, input_kind)
         return grpc.StatusCode.INVALID_ARGUMENT, f"{path}: {err.message}" if path else err.message
-    if isinstance(err, KvrayError):
-        return grpc.StatusCode[err.grpc_code], err.message
-    if isinstance(err, BackPressureError):  # Serve's own per-replica queue cap
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, err.message
-    if isinstance(err, (DeploymentUnavailableError, ReplicaUnavailableError)):
-        return grpc.StatusCode.UNAVAILABLE, f"no healthy engine replica: {err.message}"
-    if isinstance(err, (RayActorError, ActorDiedError, ActorUnavailableError)):
-        return grpc.StatusCode.UNAVAILABLE, f"engine replica failed: {err}"
-    logger.exception("gRPC request failed", exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}"
+    return grpc.StatusCode[err.grpc_code], err.message
 
 
 class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
@@ -71,18 +63,14 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     def __init__(
         self, llm: Any, tokenizer: Any, *, served_model: str, auth: ApiKeyAuth, metrics: Any = None
     ) -> None:
-        from cluster.http.format import TokenStrings
-
-        self._llm = llm
-        self._tokenizer = tokenizer  # workers.tokenizer.Tokenizer of the served checkpoint
+        # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
+        self._client = LLMClient(llm)
+        self._prompts = Prompts(tokenizer)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
-        self._token_text = TokenStrings(
-            lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
-        )
+        self._token_text = TokenStrings.of(tokenizer)
         self._served_model = served_model
         self._auth = auth
         self._metrics = metrics  # cluster.server.metrics.RouterMetrics, or None (unit use)
-        self._model_card: dict[str, Any] | None = None
 
     # -- RPCs ------------------------------------------------------------------------------
 
@@ -90,9 +78,9 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.GenerateResponse:
         async def body() -> llm_pb2.GenerateResponse:
-            llm_req, ctx = await self._prepare(request)
+            llm_req, ctx = await self._prepare(request, stream=False)
             last: RequestOutput | None = None
-            async with contextlib.aclosing(self._outputs(llm_req)) as outs:
+            async with contextlib.aclosing(self._client.generate(llm_req)) as outs:
                 async for out in outs:
                     last = out
             if last is None:
@@ -105,9 +93,9 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> None:
         async def body() -> None:
-            llm_req, ctx = await self._prepare(request)
+            llm_req, ctx = await self._prepare(request, stream=True)
             state = conv.StreamState()
-            async with contextlib.aclosing(self._outputs(llm_req)) as outs:
+            async with contextlib.aclosing(self._client.generate(llm_req)) as outs:
                 async for out in outs:
                     msg = conv.stream_response(out, state, ctx)
                     if msg is not None:
@@ -147,20 +135,22 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
 
     async def model_card(self) -> dict[str, Any]:
         """{"id", "max_model_len", "created"} from LLMServer; fetched once (it never changes)."""
-        if self._model_card is None:
-            self._model_card = await self._llm.model_card.remote()
-        return self._model_card
+        return await self._client.model_card()
 
     async def _prepare(
-        self, request: llm_pb2.GenerateRequest
-    ) -> tuple[dict[str, Any], conv.ResponseContext]:
+        self, request: llm_pb2.GenerateRequest, *, stream: bool
+    ) -> tuple[GenerateRequest, conv.ResponseContext]:
+        """The checked engine request (errors name the field) and how to answer it."""
         conv.check_model(request.model, self._served_model)
-        ids = await self._tokens(*conv.prompt_input(request))
+        kind, value = conv.prompt_input(request)
+        params = conv.sampling_params(request, stream=stream)
+        ids = await self._tokens(kind, value)
+        # "prompt" errors of the check name the input member the client set (see status_for).
+        inp = checks.engine_input(await self._client.input_checker(), ids, params)
         client_id = request.request_id or f"grpc-{uuid.uuid4().hex}"
         # The engine's id is unique even when two clients send the same request_id;
         # responses echo the client's.
         engine_id = f"{client_id}-{uuid.uuid4().hex[:8]}" if request.request_id else client_id
-        llm_req = conv.llm_request(request, engine_id, ids)
         logprobs = request.HasField("logprobs")
         ctx = conv.ResponseContext(
             request_id=client_id,
@@ -168,34 +158,15 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             top_logprobs=request.logprobs.top_logprobs if logprobs else 0,
             token_text=self._token_text if logprobs else None,
         )
-        return llm_req, ctx
+        return GenerateRequest(engine_id, inp), ctx
 
     async def _tokens(self, kind: str, value: Any) -> list[int]:
         """Token ids of a prompt input, as the HTTP ingress makes them."""
-        tok = self._tokenizer
         if kind == "token_ids":
-            if not all(0 <= t < tok.vocab_size for t in value):
-                raise InvalidRequestError(
-                    "token_ids", f"token ids must be in [0, {tok.vocab_size})"
-                )
-            return value
+            return list(value)  # InputChecker checks them against the vocabulary
         if kind == "chat":
-            try:
-                return list(
-                    await _off_loop(tok.apply_chat_template, value, add_generation_prompt=True)
-                )
-            except ValueError as err:
-                raise InvalidRequestError("chat", str(err)) from None
-        return list(await _off_loop(tok.encode, value))
-
-    async def _outputs(self, llm_req: dict[str, Any]) -> AsyncIterator[RequestOutput]:
-        """LLMServer.generate's stream; leaving early (cancel, error) cancels the Serve call."""
-        gen = self._llm.options(stream=True).generate.remote(llm_req)
-        try:
-            async for out in gen:
-                yield out
-        finally:
-            gen.cancel()  # no-op when the stream ended; aborts the engine request otherwise
+            return await self._prompts.chat(value, field="chat")
+        return await self._prompts.text(value, field="text")
 
     async def _rpc(
         self,
@@ -234,18 +205,6 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             self._metrics.rejected("queue_full")
         elif code is grpc.StatusCode.UNAUTHENTICATED:
             self._metrics.rejected("unauthenticated")
-
-
-# Long texts are tokenized on a worker thread so one huge prompt does not stall every other
-# stream this ingress replica is serving.
-_OFF_LOOP_CHARS = 16384
-
-
-async def _off_loop(fn: Callable[..., T], value: Any, **kwargs: Any) -> T:
-    size = len(value) if isinstance(value, str) else sum(len(m["content"]) for m in value)
-    if size < _OFF_LOOP_CHARS:
-        return fn(value, **kwargs)
-    return await asyncio.to_thread(fn, value, **kwargs)
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:

@@ -4,26 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from cluster.ingress.token_text import TokenStrings
 from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-
-
-class TokenStrings:
-    """Token id -> its text, as logprobs show it (cached: the same ids recur constantly)."""
-
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode = decode
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        s = self._cache.get(token_id)
-        if s is None:
-            s = self._decode([token_id])
-            if len(self._cache) < 1_000_000:
-                self._cache[token_id] = s
-        return s
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

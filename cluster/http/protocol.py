@@ -1,4 +1,4 @@
-"""OpenAI request bodies (pydantic) and their translation into SamplingParams kwargs.
+"""OpenAI request bodies (pydantic) and their translation into the engine's SamplingParams.
 
 Only requests are modelled: responses are plain dicts built in cluster/http/format.py, which
 is cheaper per streamed chunk. Unknown body fields are ignored (clients send `user`,
@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cluster.errors import InvalidRequestError
+from cluster.ingress import checks
+from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
 class StreamOptions(BaseModel):
@@ -46,6 +48,14 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine's SamplingParams, validated, with the output kind `stream` needs;
+        an unsupported or bad value raises InvalidRequestError naming the field."""
+        return checks.sampling_params(self.sampling_kwargs(), stream=self.stream)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
 
     def common_params(self) -> dict[str, Any]:
         if self.logit_bias:
@@ -81,7 +91,7 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
@@ -103,7 +113,7 @@ class CompletionRequest(_SamplingFields):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
-    def sampling_params(self) -> dict[str, Any]:
+    def sampling_kwargs(self) -> dict[str, Any]:
         if self.echo:
             raise InvalidRequestError("echo", "echo is not supported")
         if self.suffix:
@@ -147,7 +157,7 @@ class ChatCompletionRequest(_SamplingFields):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
 
-    def sampling_params(self) -> dict[str, Any]:
+    def sampling_kwargs(self) -> dict[str, Any]:
         if self.tools:
             raise InvalidRequestError("tools", "tool calling is not supported")
         if self.response_format and self.response_format.get("type", "text") != "text":

@@ -3,7 +3,7 @@
 Every streamed output costs a message at each hop (replica -> ingress -> proxy -> client),
 and on a busy machine those hops fall behind the engine. `coalesced(stream)` reads the stream
 in a background task and hands the consumer everything that arrived since it last asked,
-merged into one RequestOutput (the latest cumulative state, deltas concatenated). An idle
+merged into one RequestOutput (the latest state, deltas concatenated). An idle
 consumer gets each output as soon as it exists, so latency is unchanged; a lagging one gets
 fewer, larger messages instead of a growing backlog.
 
@@ -12,6 +12,7 @@ above rarely kicks in there; `interval_s` adds a floor between two yields (the f
 and the finished one always go at once). Like vLLM's and SGLang's stream interval, it trades
 chunk granularity for far fewer messages per generated token. It may be a function, read
 before each wait, so the floor can follow the load (see `cluster.server.llm_server`).
+The ingresses' side (`cluster.ingress.llm_client`) merges only what their consumer lags by.
 """
 
 from __future__ import annotations
@@ -25,17 +26,27 @@ from workers.outputs import CompletionOutput, RequestOutput
 
 
 def merge_outputs(outs: Sequence[RequestOutput]) -> RequestOutput:
-    """One RequestOutput equivalent to `outs` in order: the last cumulative state, all deltas."""
+    """One RequestOutput equivalent to `outs` in order: the last state of each sample, all
+    its deltas, and its finish reason even if only an earlier output carried it (a delta
+    output reports a sample's finish once)."""
     last = outs[-1]
     if len(outs) == 1:
         return last
+    parts_of: dict[int, list[CompletionOutput]] = {}
+    for o in outs:
+        for c in o.outputs:
+            parts_of.setdefault(c.index, []).append(c)
     merged: list[CompletionOutput] = []
-    for c in last.outputs:
-        parts = [p for o in outs for p in o.outputs if p.index == c.index]
+    for index in sorted(parts_of):
+        parts = parts_of[index]
+        c = parts[-1]
+        done = next((p for p in reversed(parts) if p.finish_reason is not None), c)
         lps = [p.delta_logprobs for p in parts if p.delta_logprobs]
         merged.append(
             dataclasses.replace(
                 c,
+                finish_reason=done.finish_reason,
+                stop_reason=done.stop_reason,
                 delta_text="".join(p.delta_text for p in parts),
                 delta_token_ids=[t for p in parts for t in p.delta_token_ids],
                 delta_logprobs=[x for lp in lps for x in lp] if lps else c.delta_logprobs,

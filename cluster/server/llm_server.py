@@ -1,28 +1,20 @@
 """LLMServer: one engine replica (one AsyncEngine with its TP group) behind Ray Serve.
 
 `cluster.app.build_app` wraps this plain class with `serve.deployment(name="LLMServer")`;
-ingresses (HTTP, gRPC) call it through a DeploymentHandle:
+ingresses (HTTP, gRPC) call it through a DeploymentHandle, via cluster/ingress/llm_client.py:
 
-    gen = handle.options(stream=True).generate.remote(request)
+    gen = handle.options(stream=True).generate.remote(request)   # a GenerateRequest
     async for out in gen: ...                # workers.outputs.RequestOutput
 
-Running outputs carry only what changed (delta_text, delta_token_ids, delta_logprobs,
-finish_reason of samples that just finished); their cumulative fields (text, token_ids,
-logprobs, prompt_token_ids) are empty. The last output (finished=True) carries everything,
-metrics included.
+The request (cluster/server/messages.py) was checked at the ingress into the engine's own
+types; this replica trusts it and hands it to `AsyncEngine.generate_input` as is. The engine
+produces the output kind the request's SamplingParams ask for: deltas for a streamed call
+(the last output, finished=True, carries everything, metrics included), or the finished
+output alone for a call that is not streamed.
 
-The request is a plain dict so both ingresses build it the same way:
-
-    {"request_id": str,
-     "prompt": str | list[int] | None,        # text or token ids
-     "messages": list[dict] | None,           # chat: rendered with the checkpoint's template
-     "params": dict,                          # SamplingParams keyword arguments
-     "stream": bool,                          # default True; False: only the final output
-     "routing_key": str | None}               # optional; see cluster.server.router
-
-Errors are `cluster.errors` classes (InvalidRequestError, QueueFullError, EngineDeadError),
-raised before the first output is yielded. Cancelling the caller (Ray Serve turns it into
-asyncio.CancelledError inside this replica) aborts the engine request and frees its KV blocks.
+Errors are `cluster.errors` classes (QueueFullError, EngineDeadError), raised before the
+first output. Cancelling the caller (Ray Serve turns it into asyncio.CancelledError inside
+this replica) aborts the engine request and frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -32,22 +24,16 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ServeConfig
-from cluster.errors import (
-    EngineDeadError,
-    InvalidRequestError,
-    KvrayError,
-    QueueFullError,
-    invalid_from_value_error,
-)
+from cluster.errors import EngineDeadError, KvrayError, QueueFullError, invalid_from_value_error
 from cluster.server.coalesce import coalesced
-from workers.outputs import deltas_only
+from workers.outputs import RequestOutputKind
 
 if TYPE_CHECKING:
+    from cluster.server.messages import GenerateRequest
     from workers.outputs import RequestOutput
     from workers.stats import EngineStats
 
@@ -76,13 +62,13 @@ class LLMServer:
         # TP = 1 runs the forward pass in the engine core, so the core gets its own process
         # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
         process = config.engine_process and config.tensor_parallel_size == 1
-        self._engine = AsyncEngine(engine_args(EngineArgs, config, model_dir), process=process)
+        self._engine = AsyncEngine(EngineArgs(**config.engine_kwargs(model_dir)), process=process)
         self._model_name = config.model_name()
         self._created = int(time.time())
-        # Requests admitted to this replica that have not produced their first output yet:
-        # the bounded waiting queue behind admission control (429 beyond the cap).
-        self._queued = 0
-        # Streaming generate() calls in flight: what the chunk interval follows.
+        # Samples of the generate() calls in flight here (a request counts n): with the
+        # engine's running count, what the waiting queue behind admission control holds.
+        self._in_flight = 0
+        # Streamed generate() calls in flight: what the chunk interval follows.
         self._streams = 0
         self._replica = _replica_name()
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
@@ -102,44 +88,39 @@ class LLMServer:
     def max_model_len(self) -> int:
         return int(self._engine.max_model_len)
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[RequestOutput]:
-        """Streams RequestOutputs (deltas + cumulative); the last one is finished, with metrics.
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Streams the engine's RequestOutputs of one checked request (module doc).
 
-        Raises InvalidRequestError (bad field; names it), QueueFullError (waiting queue at
-        `max_queued_requests`) or EngineDeadError before the first output.
+        Raises QueueFullError (waiting queue at `max_queued_requests`) or EngineDeadError
+        before the first output.
         """
-        request_id = str(request.get("request_id") or uuid.uuid4().hex)
-        stream_deltas = bool(request.get("stream", True))
-        prompt = self._prompt(request)
-        params = sampling_params(request.get("params") or {})
-        if self._queued >= self._config.max_queued_requests:
+        inp = request.input
+        streamed = inp.params.output_kind is RequestOutputKind.DELTA
+        queued = self._queued()
+        if queued >= self._config.max_queued_requests:
             raise QueueFullError(
-                f"too many requests waiting on this replica ({self._queued} >= "
+                f"too many requests waiting on this replica ({queued} >= "
                 f"max_queued_requests={self._config.max_queued_requests}); retry later"
             )
-        self._queued += 1
-        self._streams += stream_deltas
-        waiting = True
+        held = inp.params.n  # samples this call counts in `_in_flight`
+        self._in_flight += held
+        self._streams += streamed
         finished = cancelled = False
         try:
-            # Outputs that pile up while Serve ships the previous one travel as one message.
-            stream = coalesced(self._engine.generate(prompt, params, request_id), self._interval)
+            stream = self._engine.generate_input(inp, request.request_id)
+            if streamed:
+                # Outputs that pile up while Serve ships the previous one travel as one message.
+                stream = coalesced(stream, self._interval)
             async with contextlib.aclosing(stream):
                 async for out in stream:
-                    if waiting:
-                        waiting = False
-                        self._queued -= 1
-                    if out.error:
-                        raise self._engine_error(RuntimeError(out.error))
                     if out.finished:
                         finished = True
+                        # Out of the count now, not when Serve closes this generator later.
+                        self._in_flight -= held
+                        held = 0
                         self._metrics.observe_finished(out)
-                    elif not stream_deltas:
-                        continue
-                    else:
-                        out = deltas_only(out)
                     yield out
-        except ValueError as err:
+        except ValueError as err:  # the engine refused it (e.g. a request id already in use)
             raise invalid_from_value_error(err, default_field="prompt") from None
         except (asyncio.CancelledError, GeneratorExit):
             cancelled = True
@@ -149,37 +130,35 @@ class LLMServer:
         except Exception as err:
             raise self._engine_error(err) from err
         finally:
-            self._streams -= stream_deltas
-            if waiting:
-                self._queued -= 1
+            self._streams -= streamed
+            self._in_flight -= held
             if not finished:
                 # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
-                self._engine.abort(request_id)
+                self._engine.abort(request.request_id)
                 if cancelled:
                     self._metrics.observe_aborted()
+
+    def _queued(self) -> int:
+        """Samples in flight here that the engine is not running yet: the waiting queue.
+
+        Counted from the engine's running count (sequences, so samples here too) rather
+        than from each request's first output: a request that is not streamed has no output
+        before it finishes. The engine's count is its last step's, so a burst is seen at
+        once (it adds to `_in_flight`) and a finished request leaves with its final output.
+        """
+        return max(0, self._in_flight - self._engine.stats().num_requests_running)
 
     def _interval(self) -> float:
         return chunk_interval_s(self._streams, self._config.stream_interval_ms)
 
-    async def tokenize(self, request: dict[str, Any]) -> list[int]:
-        """Token ids of {"prompt": str} or {"messages": [...], "add_generation_prompt": bool}."""
-        if request.get("messages") is not None:
-            return self._chat_ids(request["messages"], request.get("add_generation_prompt", True))
-        prompt = request.get("prompt")
-        if not isinstance(prompt, str):
-            raise InvalidRequestError("prompt", "prompt must be a string")
-        return list(self._engine.tokenizer.encode(prompt))
-
-    async def detokenize(self, ids: list[int]) -> str:
-        """Text of token ids (special tokens skipped)."""
-        check_token_ids(ids, self._engine.tokenizer.vocab_size, "tokens")
-        return self._engine.tokenizer.decode(list(ids))
-
     async def model_card(self) -> dict[str, Any]:
-        """{"id", "max_model_len", "created"} for /v1/models and ListModels."""
+        """{"id", "max_model_len", "vocab_size", "created"}: /v1/models, ListModels, and the
+        limits the ingresses check requests against (the model's vocabulary, which can be
+        larger than the tokenizer's)."""
         return {
             "id": self._model_name,
             "max_model_len": self.max_model_len,
+            "vocab_size": self._engine.input_checker.vocab_size,
             "created": self._created,
         }
 
@@ -195,7 +174,7 @@ class LLMServer:
         """
         return {
             "replica": self._replica,
-            "queued": self._queued,
+            "queued": self._queued(),
             "engine_core": "thread" if self._engine.in_process else "process",
             **dataclasses.asdict(self._engine.stats()),
         }
@@ -208,7 +187,7 @@ class LLMServer:
         """Ray Serve's routing-stats hook: load as the prefix-affinity router reads it."""
         s = self._engine.stats()
         return {
-            "queued": self._queued,
+            "queued": self._queued(),
             "waiting": s.num_requests_waiting,
             "running": s.num_requests_running,
             "kv_cache_usage": float(s.kv_cache_usage),
@@ -225,34 +204,6 @@ class LLMServer:
                 engine.shutdown()
 
     # -- internals -----------------------------------------------------------------------
-
-    def _prompt(self, request: dict[str, Any]) -> str | list[int]:
-        messages = request.get("messages")
-        if messages is not None:
-            return self._chat_ids(messages, True)
-        prompt = request.get("prompt")
-        if isinstance(prompt, str):
-            if prompt == "":
-                raise InvalidRequestError("prompt", "prompt must not be empty")
-            return prompt
-        if isinstance(prompt, list) and prompt:
-            check_token_ids(prompt, self._engine.tokenizer.vocab_size, "prompt")
-            return [int(t) for t in prompt]
-        raise InvalidRequestError(
-            "prompt", "prompt must be a non-empty string or list of token ids"
-        )
-
-    def _chat_ids(self, messages: Any, add_generation_prompt: bool) -> list[int]:
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequestError("messages", "messages must be a non-empty list")
-        try:
-            return list(
-                self._engine.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=add_generation_prompt
-                )
-            )
-        except ValueError as err:
-            raise InvalidRequestError("messages", str(err)) from None
 
     def _check_alive(self) -> None:
         try:
@@ -290,47 +241,6 @@ def resolve_model_dir(config: ServeConfig) -> str:
     from workers.demo import demo_model_dir
 
     return str(demo_model_dir())
-
-
-def engine_args(engine_args_cls: Any, config: ServeConfig, model_dir: str) -> Any:
-    """EngineArgs for one replica; `device` "auto" leaves the engine to pick (cuda if visible)."""
-    return engine_args_cls(
-        model=model_dir,
-        tensor_parallel_size=config.tensor_parallel_size,
-        max_model_len=config.max_model_len,
-        enable_prefix_caching=config.enable_prefix_caching,
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        served_model_name=config.model_name(),
-        device=None if config.device == "auto" else config.device,
-    )
-
-
-def sampling_params(params: dict[str, Any]) -> Any:
-    """SamplingParams from request kwargs; unknown names and bad values name the field."""
-    from workers import SamplingParams
-
-    if not isinstance(params, dict):
-        raise InvalidRequestError("params", "params must be a mapping")
-    if "eos_token_ids" in params:
-        raise InvalidRequestError("eos_token_ids", "eos_token_ids is set by the engine")
-    try:
-        return SamplingParams(**params)
-    except TypeError as err:
-        bad = next((k for k in params if k not in SamplingParams.__dataclass_fields__), None)
-        raise InvalidRequestError(bad, f"unknown sampling parameter {bad!r}: {err}") from None
-    except ValueError as err:
-        raise invalid_from_value_error(err) from None
-
-
-def check_token_ids(ids: Any, vocab_size: int, field: str) -> None:
-    if not isinstance(ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids
-    ):
-        raise InvalidRequestError(
-            field, f"{field} must be a list of token ids in [0, {vocab_size})"
-        )
 
 
 def _replica_name() -> str:

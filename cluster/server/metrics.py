@@ -69,13 +69,10 @@ ALERTING_CODES = {
 
 
 def _zero(counter: Any, tags: dict[str, str]) -> None:
-    """Create a counter's series at 0 so rate()/increase() see its first increment.
+    """Create a counter's series at 0 so rate()/increase() see its first increment."""
+    from cluster.server.ray_internals import record_zero
 
-    Without this a series is born at its first increment's value and Prometheus counts none
-    of it, e.g. a lone 429 or preemption would never show. Ray's public `inc()` refuses 0;
-    `_record(0)` is what `inc()` calls after that check.
-    """
-    counter._record(0.0, tags=tags)
+    record_zero(counter, tags)
 
 
 class EngineMetrics:

@@ -9,6 +9,9 @@ from typing import Any
 
 API_KEY_ENV = "KVRAY_TEST_API_KEY"
 API_KEY = "test-key-5f2c"
+# The environment the session's Ray instance starts with (tests/conftest.py): replicas read
+# their API key from it, so apps with api_key_env=API_KEY_ENV require API_KEY.
+RAY_ENV: dict[str, str] = {API_KEY_ENV: API_KEY}
 # A small KV cache per replica: plenty for the tests, little memory for 4-6 replicas.
 KV_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -17,6 +20,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RaySession:
+    metrics_url: str  # the node's Prometheus endpoint (Ray's metrics export port)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ def test_replicas_autoscaling_and_router() -> None:
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["name"] == "LLMServer" and fixed["max_ongoing_requests"] == 256
     assert fixed["request_router_config"].request_router_class == ROUTER_CLASS_PATH
+    # The router hashes prompts in the engine's KV blocks: it gets the config's block size.
+    assert fixed["request_router_config"].request_router_kwargs == {"block_size": 16}
+    wide = llm_server_options(ServeConfig(block_size=32, device="cpu"))
+    assert wide["request_router_config"].request_router_kwargs == {"block_size": 32}
     auto = llm_server_options(ServeConfig(min_replicas=1, max_replicas=5, device="cpu"))
     assert "num_replicas" not in auto
     assert auto["autoscaling_config"]["max_replicas"] == 5

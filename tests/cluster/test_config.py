@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
-from cluster.config import ServeConfig
+from cluster.config import Flag, ServeConfig
+from workers.config import DEFAULT_BLOCK_SIZE
 
 
 def test_defaults_match_the_contract() -> None:
@@ -15,6 +18,23 @@ def test_defaults_match_the_contract() -> None:
     assert c.grpc_max_message_bytes == 4 * 1024 * 1024 and c.ingress_replicas == 1
     assert c.model_name() == "kvray-demo" and not c.autoscaling
     assert c.engine_process  # TP = 1 engine cores run in a child process of the replica
+    assert c.block_size == DEFAULT_BLOCK_SIZE  # the engine's, not a copy
+
+
+def test_engine_kwargs_are_engine_args() -> None:
+    from workers.config import EngineArgs
+
+    c = ServeConfig(block_size=32, max_num_seqs=8, device="cpu", served_model_name="m")
+    args = EngineArgs(**c.engine_kwargs("/ckpt"))
+    assert (args.model, args.block_size, args.max_num_seqs) == ("/ckpt", 32, 8)
+    assert args.device == "cpu" and args.served_model_name == "m"
+    assert EngineArgs(**ServeConfig().engine_kwargs("/ckpt")).device is None  # auto: engine picks
+
+
+def test_every_field_documents_its_flag() -> None:
+    for f in fields(ServeConfig):
+        flag = f.metadata["flag"]
+        assert isinstance(flag, Flag) and flag.help and flag.group, f.name
 
 
 def test_unknown_args_are_an_error_listing_valid_keys() -> None:
@@ -35,6 +55,7 @@ def test_unknown_args_are_an_error_listing_valid_keys() -> None:
         ({"request_router": "random"}, "request_router"),
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
         ({"engine_process": 1}, "engine_process"),
+        ({"block_size": 0}, "block_size"),
     ],
 )
 def test_bad_values_name_the_field(args: dict, field: str) -> None:

@@ -1,4 +1,5 @@
-"""cluster.errors: status mapping, OpenAI bodies, pickling, unwrapping Ray's wrappers."""
+"""cluster.errors: status mapping, OpenAI bodies, pickling, unwrapping Ray's wrappers, and the
+one mapping of what a handle call raises (Ray's own exception classes, constructed for real)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cluster.errors import (
     KvrayError,
     ModelNotFoundError,
     QueueFullError,
+    as_kvray_error,
     invalid_from_value_error,
     unwrap,
 )
@@ -70,3 +72,44 @@ def test_value_error_names_its_field() -> None:
     err = invalid_from_value_error(ValueError("prompt is 9 tokens"), default_field="prompt")
     assert err.param == "prompt"
     assert invalid_from_value_error(ValueError("1 is bad"), default_field="x").param == "x"
+
+
+def _ray_errors() -> list[tuple[BaseException, type[KvrayError], int, str]]:
+    """What a handle call can raise (Ray's real classes) -> class, HTTP status, gRPC code."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.serve.exceptions import (
+        BackPressureError,
+        DeploymentUnavailableError,
+        ReplicaUnavailableError,
+    )
+
+    from cluster.server.ray_internals import deployment_id
+
+    dead = (EngineDeadError, 503, "UNAVAILABLE")
+    return [
+        (BackPressureError(num_queued_requests=9, max_queued_requests=8),
+         QueueFullError, 429, "RESOURCE_EXHAUSTED"),
+        (DeploymentUnavailableError(deployment_id("LLMServer", "kvray")), *dead),
+        (ReplicaUnavailableError("LLMServer#x1"), *dead),
+        (RayActorError(), *dead),
+        (ActorDiedError(), *dead),
+        (ActorUnavailableError("the actor is restarting", None), *dead),
+        (RuntimeError("boom"), KvrayError, 500, "INTERNAL"),
+    ]  # fmt: skip
+
+
+def test_one_mapping_for_what_a_handle_call_raises() -> None:
+    for exc, cls, status, code in _ray_errors():
+        err = as_kvray_error(exc)
+        assert type(err) is cls, exc
+        assert (err.http_status, err.grpc_code) == (status, code), exc
+        assert err.message
+
+
+def test_the_mapping_passes_kvray_errors_through_ray_wrappers() -> None:
+    for err in ALL:
+        assert as_kvray_error(err) is err
+    cause = InvalidRequestError("top_p", "top_p must be in (0, 1]")
+    wrapped = RayTaskError("generate", "Traceback ...", cause).as_instanceof_cause()
+    got = as_kvray_error(wrapped)
+    assert type(got) is InvalidRequestError and got.param == "top_p"

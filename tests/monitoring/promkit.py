@@ -19,9 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "monitoring"
 RULES_DIR = MONITORING / "prometheus" / "rules"
 DASHBOARD = MONITORING / "grafana" / "kvray-dashboard.json"
-DESIGN = REPO.parent / "shared" / "DESIGN.md"
+README = MONITORING / "README.md"
 
-# DESIGN.md's metrics table: name -> Prometheus type. Ray's exporter adds the `ray_` prefix.
+# DESIGN.md's metrics table (monitoring/README.md documents it, with labels): name ->
+# Prometheus type. Ray's exporter adds the `ray_` prefix.
 KVRAY_METRICS: dict[str, str] = {
     "kvray_num_requests_running": "gauge",
     "kvray_num_requests_waiting": "gauge",
@@ -61,7 +62,7 @@ class Scrape:
     """One scrape of a Prometheus text endpoint."""
 
     text: str
-    types: dict[str, str]  # `# TYPE` lines: family name -> type
+    types: dict[str, str]  # family name as exposed (a counter's with `_total`) -> type
     samples: list[Sample]
 
     def find(self, name: str, **labels: str) -> list[Sample]:
@@ -80,25 +81,18 @@ class Scrape:
         return {s.name for s in self.samples}
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def parse(text: str) -> Scrape:
+    """The exposition text parsed by prometheus_client (raises ValueError on a bad line)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     types: dict[str, str] = {}
     samples: list[Sample] = []
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(maxsplit=3)
-            types[name] = kind.strip()
-            continue
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            raise ValueError(f"unparseable exposition line: {line!r}")
-        labels = dict(_LABEL.findall(m.group(3) or ""))
-        samples.append(Sample(m.group(1), labels, float(m.group(4))))
+    for family in text_string_to_metric_families(text):
+        # The parser names a counter family without `_total` (OpenMetrics style); its
+        # samples, what PromQL and the exporter's `# TYPE` line use, keep the suffix.
+        exposed = f"{family.name}_total" if family.type == "counter" else family.name
+        types[exposed] = family.type
+        samples += [Sample(s.name, dict(s.labels), float(s.value)) for s in family.samples]
     return Scrape(text, types, samples)
 
 
@@ -143,33 +137,51 @@ def run_promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedPr
 
 # Labels Ray's exporter adds to every series. Their CamelCase spelling is Ray's choice, so the
 # naming lint of kvray's metrics leaves them out.
-RAY_LABELS = ("Component", "NodeAddress", "SessionName", "Version", "WorkerId")
-_RAY_LABEL = re.compile(r"(?<=[{,])(?:" + "|".join(RAY_LABELS) + r')="(?:[^"\\]|\\.)*",?')
+RAY_LABELS = frozenset(("Component", "NodeAddress", "SessionName", "Version", "WorkerId"))
+# ... and OpenTelemetry's instrumentation-scope labels, which Ray's OTel-based exporter adds.
+OTEL_LABEL_PREFIX = "otel_scope_"
+
+
+def own_labels(labels: dict[str, str]) -> frozenset[str]:
+    """The label names a series was recorded with: less those the exporter adds, and `le`."""
+    return frozenset(
+        k for k in labels if k not in RAY_LABELS and not k.startswith(OTEL_LABEL_PREFIX)
+    ) - {"le"}
 
 
 def kvray_exposition(text: str) -> str:
     """Only the ray_kvray_* families of an exposition (HELP, TYPE, samples), less Ray's
-    CamelCase labels."""
-    keep: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(maxsplit=3)
-            if len(parts) >= 3 and parts[2].startswith("ray_kvray_"):
-                keep.append(line)
-        elif line.startswith("ray_kvray_"):
-            keep.append(_RAY_LABEL.sub("", line).replace(",}", "}"))
-    return "\n".join(keep) + "\n"
+    CamelCase labels, written back out in the text format by prometheus_client."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    families = []
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("ray_kvray_"):
+            family.samples = [
+                s._replace(labels={k: v for k, v in s.labels.items() if k not in RAY_LABELS})
+                for s in family.samples
+            ]
+            families.append(family)
+
+    class Parsed:  # a prometheus_client collector of the families parsed above
+        def collect(self) -> list:
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Parsed())
+    return generate_latest(registry).decode()
 
 
-def design_metrics() -> dict[str, str] | None:
-    """The metrics table of ../shared/DESIGN.md (name -> type), None when it is not there."""
-    if not DESIGN.exists():
-        return None
-    table: dict[str, str] = {}
-    for line in DESIGN.read_text().splitlines():
-        m = re.match(r"^(kvray_[a-z0-9_]+)\s+(gauge|counter|histogram)\b", line)
-        if m:
-            table[m.group(1)] = m.group(2)
+def documented_metrics() -> dict[str, tuple[str, frozenset[str]]]:
+    """monitoring/README.md's metrics table: name -> (type, label names)."""
+    row = re.compile(r"^\| `(kvray_[a-z0-9_]+)` \| (gauge|counter|histogram) \| ([a-z_, ]+) \|")
+    table: dict[str, tuple[str, frozenset[str]]] = {}
+    for line in README.read_text().splitlines():
+        if m := row.match(line):
+            labels = frozenset(label.strip() for label in m.group(3).split(","))
+            table[m.group(1)] = (m.group(2), labels)
     return table
 
 

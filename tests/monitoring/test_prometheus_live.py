@@ -1,10 +1,10 @@
 """Real Prometheus against a real local kvray cluster.
 
-One start-up for the module: a local Ray instance with a free metrics export port (and a 1 s
-export interval), the kvray Serve application with two engine replicas of the demo model, and
-Debian's `prometheus` running the shipped config and rules (scrape and evaluation intervals cut
-to 1 s, the target pointed at the free port). A short load goes through the OpenAI API with the
-official client; then Prometheus' HTTP API must show:
+One start-up for the module: on the session's Ray instance (a free metrics export port, a 1 s
+export interval: tests/conftest.py), the kvray Serve application with two engine replicas of
+the demo model, and Debian's `prometheus` running the shipped config and rules (scrape and
+evaluation intervals cut to 2 s, the target pointed at the export port). A short load goes
+through the OpenAI API with the official client; then Prometheus' HTTP API must show:
 
 - every metric name the rules and the dashboard reference, and every recording rule with a
   number; every dashboard query returning data; every rule evaluating without error;
@@ -32,12 +32,12 @@ import httpx
 import pytest
 import yaml
 
+from tests.cluster.serve_helpers import RaySession, ServePorts
 from tests.monitoring.promkit import (
     KVRAY_METRICS,
     MONITORING,
     RULES_DIR,
     dashboard_queries,
-    free_port,
     kvray_exposition,
     load_dashboard,
     referenced_metric_names,
@@ -89,30 +89,27 @@ def _prometheus_config(tmp: Path, metrics_port: int) -> Path:
     return path
 
 
+APP, PREFIX = "kvray-prom", "/prom"
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(ray_session: RaySession, serve_ports: ServePorts) -> Iterator[Stack]:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.skip("prometheus missing: run monitoring/install_prometheus.sh")
-    import ray
     from ray import serve
 
     from cluster.app import build_app
     from cluster.config import ServeConfig
 
-    metrics_port, http_port = free_port(), free_port()
-    ray.init(
-        # "local": a new instance even when someone's `ray start` cluster runs on this host.
-        address="local",
-        include_dashboard=False,
-        num_cpus=NUM_REPLICAS + 1,
-        _metrics_export_port=metrics_port,
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
+    # The checks below read cluster-wide sums (tokens of every request, LLMServer replicas):
+    # tests/conftest.py runs this module before any other deploys a kvray app.
+    others = set(serve.status().applications)
+    assert not others, f"applications deployed before the monitoring test: {others}"
+    metrics_port = int(urllib.parse.urlsplit(ray_session.metrics_url).port or 0)
     tmp = Path(tempfile.mkdtemp(prefix="kvray-prom-"))
     proc: subprocess.Popen[bytes] | None = None
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         config = ServeConfig(
             num_replicas=NUM_REPLICAS,
             device="cpu",
@@ -120,7 +117,7 @@ def stack() -> Iterator[Stack]:
             kv_cache_memory_bytes=32 * 1024 * 1024,
             max_num_seqs=16,
         )
-        serve.run(build_app(config), name="kvray", route_prefix="/")
+        serve.run(build_app(config), name=APP, route_prefix=PREFIX)
 
         log = tmp / "prometheus.log"
         data = tmp / "data"
@@ -140,8 +137,8 @@ def stack() -> Iterator[Stack]:
         )
         wait_for(lambda: _ready(f"{prom_url}/-/ready"), bool, "prometheus ready", timeout_s=60)
         stack = Stack(
-            http_url=f"http://127.0.0.1:{http_port}",
-            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+            http_url=f"http://127.0.0.1:{serve_ports.http}{PREFIX}",
+            metrics_url=ray_session.metrics_url,
             prom_url=prom_url,
             model=config.model_name(),
         )
@@ -159,8 +156,7 @@ def stack() -> Iterator[Stack]:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete(APP)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

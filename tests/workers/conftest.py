@@ -10,13 +10,6 @@ from tests.checkpoints import KINDS, make_checkpoint
 
 
 @pytest.fixture(scope="session")
-def demo_dir() -> Path:
-    from workers.demo import demo_model_dir
-
-    return demo_model_dir()
-
-
-@pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ckpt")
     return {kind: make_checkpoint(kind, root / kind) for kind in KINDS}

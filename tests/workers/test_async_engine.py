@@ -1,19 +1,20 @@
-"""AsyncEngine: concurrent streams, cancellation, failures that reach every caller, UTF-8.
+"""AsyncEngine: concurrent streams, cancellation, output kinds, bad input, UTF-8.
 
-The stream tests run on both engine cores; tests/workers/test_engine_process.py has what is
-particular to the child process."""
+The stream tests run on both engine cores and check that both give the same outputs;
+tests/workers/test_engine_thread.py and tests/workers/test_engine_process.py have what is
+particular to each core (failures among it)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from tests.workers.failures import assert_dead_for_good
 from tests.workers.scripted import make_scripted_checkpoint
-from workers import LLM, AsyncEngine, SamplingParams
+from workers import LLM, AsyncEngine, RequestOutput, RequestOutputKind, SamplingParams
 from workers.config import EngineArgs
-from workers.errors import EngineDeadError
+from workers.engine import LLMEngine
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
@@ -74,10 +75,18 @@ def test_64_streams_half_cancelled(engine: AsyncEngine, demo_dir) -> None:
     assert engine.stats().num_requests_waiting == 0
 
 
-def test_bad_input_raises_before_streaming(engine: AsyncEngine) -> None:
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "field"),
+    [
+        ("hi", {"max_tokens": 10**6}, "max_tokens"),
+        ([1, 10**9], {}, "prompt token id"),
+        ("", {}, "prompt"),
+    ],
+)
+def test_bad_input_raises_before_streaming(engine: AsyncEngine, prompt, kwargs, field) -> None:  # noqa: ANN001
     async def main():  # noqa: ANN202
-        with pytest.raises(ValueError, match="max_tokens"):
-            async for _ in engine.generate("hi", SamplingParams(max_tokens=10**6), "bad"):
+        with pytest.raises(ValueError, match=field):
+            async for _ in engine.generate(prompt, SamplingParams(**kwargs), "bad"):
                 pass
         text, ids, last = await _collect(engine, "still fine", "good")
         assert last.finished and len(ids) == 24
@@ -85,28 +94,81 @@ def test_bad_input_raises_before_streaming(engine: AsyncEngine) -> None:
     asyncio.run(main())
 
 
-def test_step_failure_reaches_every_caller(demo_dir) -> None:
-    eng = AsyncEngine(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=16 << 20))
-    calls = {"n": 0}
-    real = eng.engine.executor.execute
-
-    def flaky(step):  # noqa: ANN001, ANN202
-        calls["n"] += 1
-        if calls["n"] > 3:
-            raise RuntimeError("injected model failure")
-        return real(step)
-
-    eng.engine.executor.execute = flaky
+def test_generate_input_trusts_a_checked_request(engine: AsyncEngine) -> None:
+    inp = engine.input_checker.check_prompt("checked once", GREEDY, engine.tokenizer)
 
     async def main():  # noqa: ANN202
-        tasks = [asyncio.create_task(_collect(eng, f"p{i}", f"f{i}")) for i in range(16)]
-        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=30)
-        return done
+        return [o async for o in engine.generate_input(inp, "checked")]
 
-    results = asyncio.run(main())
-    assert all(isinstance(r, EngineDeadError) for r in results), results
-    assert_dead_for_good(eng, GREEDY)
+    outs = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].prompt == "checked once"
+    assert outs[-1].prompt_token_ids == list(inp.prompt_token_ids)
+    assert len(outs[-1].outputs[0].token_ids) == 24
+
+
+# A request that exercises every output field: two samples that finish at different steps
+# (a stop string for one of them is likely, max_tokens for the other), seeded sampling,
+# logprobs.
+KIND_PARAMS = SamplingParams(n=2, max_tokens=10, temperature=1.0, seed=11, logprobs=2, stop=["e"])
+
+
+def _summary(out: RequestOutput) -> tuple:
+    """Everything of an output but its timings."""
+    return (
+        out.request_id,
+        out.prompt,
+        out.prompt_token_ids,
+        out.finished,
+        out.num_cached_tokens,
+        out.metrics is not None,
+        [
+            (c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs)
+            + (c.delta_text, c.delta_token_ids, c.delta_logprobs)
+            for c in out.outputs
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def reference_engine(demo_dir):  # noqa: ANN001, ANN201
+    eng = LLMEngine.from_args(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20))
+    yield eng
     eng.shutdown()
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+def test_both_cores_give_the_engine_outputs_of_the_kind_asked(
+    engine: AsyncEngine, reference_engine: LLMEngine, kind: RequestOutputKind
+) -> None:
+    params = dataclasses.replace(KIND_PARAMS, output_kind=kind)
+    prompt = f"the kind {kind.value} asks for"
+    reference_engine.add_prompt(f"k-{kind.value}", prompt, params)
+    expected = []
+    while reference_engine.has_unfinished():
+        expected.extend(reference_engine.step())
+
+    async def main():  # noqa: ANN202
+        return [o async for o in engine.generate(prompt, params, f"k-{kind.value}")]
+
+    outs = asyncio.run(main())
+    assert [_summary(o) for o in outs] == [_summary(o) for o in expected]
+    running, last = outs[:-1], outs[-1]
+    if kind is RequestOutputKind.FINAL_ONLY:
+        assert running == []
+    else:
+        assert running  # one per step until the last sample finished
+        for o in running:  # nothing cumulative while running
+            assert not o.finished and o.prompt is None and o.prompt_token_ids == []
+            assert all(c.text == "" and c.token_ids == [] and c.logprobs is None for c in o.outputs)
+    assert last.finished and last.metrics is not None and last.prompt == prompt
+    for c in last.outputs:
+        streamed = [
+            t for o in outs for d in o.outputs if d.index == c.index for t in d.delta_token_ids
+        ]
+        text = "".join(d.delta_text for o in outs for d in o.outputs if d.index == c.index)
+        lps = [x for o in outs for d in o.outputs if d.index == c.index for x in d.delta_logprobs]
+        assert c.token_ids == streamed and c.text == text and c.logprobs == lps
+        assert c.finish_reason in ("stop", "length")
 
 
 @pytest.mark.parametrize("text", ["안녕하세요 세계 🌍🚀 kvray 👩‍👩‍👧", "날씨가 좋아요 🌞 and 🍕!"])

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workers.block_manager import BlockManager
-from workers.request import Sequence
+from workers.request import Seq
 from workers.sampling_params import SamplingParams
 
 BS = 4
@@ -23,7 +23,7 @@ ops = st.lists(
 )
 
 
-def _check(bm: BlockManager, live: dict[int, Sequence]) -> None:
+def _check(bm: BlockManager, live: dict[int, Seq]) -> None:
     bm.check_invariants()
     refs = [0] * bm.num_blocks
     for seq in live.values():
@@ -43,7 +43,7 @@ def _check(bm: BlockManager, live: dict[int, Sequence]) -> None:
 @given(ops=ops, vocab=st.integers(2, 4))
 def test_random_operations_keep_invariants(ops, vocab) -> None:  # noqa: ANN001
     bm = BlockManager(num_blocks=12, block_size=BS, enable_caching=True)
-    live: dict[int, Sequence] = {}
+    live: dict[int, Seq] = {}
     counter = 0
     for kind, slot, arg in ops:
         seq = live.get(slot)
@@ -56,7 +56,7 @@ def test_random_operations_keep_invariants(ops, vocab) -> None:  # noqa: ANN001
             if not toks:
                 continue
             counter += 1
-            seq = Sequence(f"s{counter}", f"r{counter}", 0, toks, PARAMS)
+            seq = Seq(f"s{counter}", f"r{counter}", 0, toks, PARAMS)
             cached = bm.lookup_prefix(seq)
             if bm.allocate(seq, seq.num_tokens - len(cached) * BS, cached):
                 seq.num_computed_tokens = seq.num_tokens
@@ -86,17 +86,17 @@ def test_random_operations_keep_invariants(ops, vocab) -> None:  # noqa: ANN001
 
 def test_prefix_reuse_and_lru_eviction() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
-    a = Sequence("a", "a", 0, list(range(9)), PARAMS)  # 2 full blocks + 1 token
+    a = Seq("a", "a", 0, list(range(9)), PARAMS)  # 2 full blocks + 1 token
     assert bm.allocate(a, 9)
     a.num_computed_tokens = 9
     bm.commit_full_blocks(a)
-    b = Sequence("b", "b", 0, list(range(8)) + [99, 98], PARAMS)
+    b = Seq("b", "b", 0, list(range(8)) + [99, 98], PARAMS)
     hit = bm.lookup_prefix(b)
     assert hit == a.block_ids[:2]
     a_blocks = list(a.block_ids)
     bm.free(a)
     assert bm.num_free_blocks == 4 and len(bm.cached) == 2  # cached blocks stay resident
-    c = Sequence("c", "c", 0, [50] * 12, PARAMS)
+    c = Seq("c", "c", 0, [50] * 12, PARAMS)
     assert bm.allocate(c, 12)  # the two uncached blocks first, then one cached block
     # The prefix's tail block is evicted before its head (freed tail-first).
     assert list(bm.cached.values()) == [a_blocks[0]]

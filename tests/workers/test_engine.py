@@ -1,10 +1,12 @@
-"""Engine behaviour through the offline API: stops, lengths, n, seeds, bad input."""
+"""Engine behaviour through the offline API: stops, lengths, n, seeds, bad input, output kinds."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from workers import SamplingParams
+from workers import RequestOutputKind, SamplingParams
 
 
 def greedy(**kw) -> SamplingParams:  # noqa: ANN003
@@ -158,12 +160,67 @@ def test_bad_request_does_not_disturb_others(demo_llm) -> None:
     eng = demo_llm.engine
     good = greedy(max_tokens=6, ignore_eos=True)
     expected = demo_llm.generate(["good one", "good two"], good, use_tqdm=False)
-    eng.add_request("g1", "good one", good)
+    eng.add_prompt("g1", "good one", good)
     with pytest.raises(ValueError, match="prompt token id"):
-        eng.add_request("bad", [5, 10**9], good)
-    eng.add_request("g2", "good two", good)
+        eng.add_prompt("bad", [5, 10**9], good)
+    eng.add_prompt("g2", "good two", good)
     done = {}
     while eng.has_unfinished():
         for out in eng.step():
             done[out.request_id] = out.outputs[0].token_ids
     assert done == {"g1": expected[0].outputs[0].token_ids, "g2": expected[1].outputs[0].token_ids}
+
+
+def test_output_kinds_build_only_what_they_ask_for(demo_llm) -> None:
+    eng = demo_llm.engine
+    delta = greedy(max_tokens=6, ignore_eos=True, logprobs=1)
+    final = dataclasses.replace(delta, output_kind=RequestOutputKind.FINAL_ONLY)
+    eng.add_prompt("delta", "output kinds", delta)
+    eng.add_prompt("final", "output kinds", final)
+    seen: dict[str, list] = {"delta": [], "final": []}
+    while eng.has_unfinished():
+        for out in eng.step():
+            seen[out.request_id].append(out)
+    assert [o.finished for o in seen["final"]] == [True]
+    assert [o.finished for o in seen["delta"]] == [False] * 5 + [True]
+    for o in seen["delta"][:-1]:  # running: one new token each, nothing cumulative
+        c = o.outputs[0]
+        assert len(c.delta_token_ids) == 1 and len(c.delta_logprobs) == 1
+        assert (o.prompt, o.prompt_token_ids, c.text, c.token_ids, c.logprobs) == (
+            None,
+            [],
+            "",
+            [],
+            None,
+        )
+    d, f = seen["delta"][-1], seen["final"][0]
+    assert d.prompt == f.prompt == "output kinds" and d.prompt_token_ids == f.prompt_token_ids
+    assert d.metrics is not None and f.metrics is not None
+    dc, fc = d.outputs[0], f.outputs[0]
+    assert (dc.text, dc.token_ids, dc.logprobs) == (fc.text, fc.token_ids, fc.logprobs)
+    assert len(fc.token_ids) == 6 and len(dc.delta_token_ids) == 1  # the last delta only
+    assert fc.delta_token_ids == fc.token_ids and fc.delta_text == fc.text  # all in one delta
+    streamed = [t for o in seen["delta"] for t in o.outputs[0].delta_token_ids]
+    assert streamed == dc.token_ids
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+def test_abort_returns_everything_not_yet_handed_out(demo_llm, kind) -> None:  # noqa: ANN001
+    eng = demo_llm.engine
+    params = dataclasses.replace(greedy(max_tokens=20, ignore_eos=True), output_kind=kind)
+    eng.add_prompt("ab", "abort me", params)
+    handed = [t for _ in range(3) for o in eng.step() for t in o.outputs[0].delta_token_ids]
+    out = eng.abort("ab")
+    assert out is not None and out.finished and out.metrics is not None
+    c = out.outputs[0]
+    assert c.finish_reason == "abort" and len(c.token_ids) == 3
+    assert handed + c.delta_token_ids == c.token_ids
+    assert len(handed) == (3 if kind is RequestOutputKind.DELTA else 0)
+    assert not eng.has_unfinished() and demo_llm.stats().kv_blocks_used == 0
+
+
+def test_offline_generate_leaves_the_callers_params_alone(demo_llm) -> None:
+    params = greedy(max_tokens=3)
+    outs = demo_llm.generate(["a", "b"], params, use_tqdm=False)
+    assert params.output_kind is RequestOutputKind.DELTA
+    assert all(o.finished and len(o.outputs[0].token_ids) == 3 for o in outs)

@@ -90,7 +90,7 @@ def test_abort_at_random_points_frees_everything(demo_dir) -> None:
     ref_engine = LLMEngine.from_args(args)
     ref = {}
     for i in range(100):
-        ref_engine.add_request(str(i), prompts[i], params[i])
+        ref_engine.add_prompt(str(i), prompts[i], params[i])
     while ref_engine.has_unfinished():
         for out in ref_engine.step():
             ref[out.request_id] = out.outputs[0].token_ids
@@ -98,7 +98,7 @@ def test_abort_at_random_points_frees_everything(demo_dir) -> None:
     engine = LLMEngine.from_args(args)
     rng = random.Random(0)
     for i in range(100):
-        engine.add_request(str(i), prompts[i], params[i])
+        engine.add_prompt(str(i), prompts[i], params[i])
     aborted: set[str] = set()
     done: dict[str, list[int]] = {}
     while engine.has_unfinished():
@@ -128,10 +128,10 @@ def test_long_prompt_does_not_starve_decodes(demo_dir) -> None:
     )
     p = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     for i in range(8):
-        engine.add_request(f"d{i}", _ids(20, i), p)
+        engine.add_prompt(f"d{i}", _ids(20, i), p)
     for _ in range(3):  # all 8 are decoding now
         engine.step()
-    engine.add_request("long", _ids(2000, 99), SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_prompt("long", _ids(2000, 99), SamplingParams(max_tokens=4, ignore_eos=True))
     steps_with_long_prefill = 0
     while "long" in engine.requests and engine.seqs["long#0"].num_computed_tokens < 2000:
         before = {

@@ -18,10 +18,8 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprob
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster():  # noqa: ANN201
-    ray.init(address="local", include_dashboard=False, num_cpus=4, log_to_driver=False)
-    yield
-    ray.shutdown()
+def ray_cluster(ray_session: object) -> None:
+    """The TP ranks run as actors of the session's Ray instance (tests/conftest.py)."""
 
 
 def _prompts(seed: int, lengths=(1, 7, 16, 33, 90, 200)) -> list[list[int]]:  # noqa: ANN001

@@ -15,42 +15,11 @@ from workers.layers.norm import RMSNorm
 from workers.layers.rotary import RotaryEmbedding
 
 
-def kv_heads_per_rank(config: ModelConfig, tp: TPGroup) -> int:
-    """KV heads split across ranks; replicated when there are more ranks than KV heads."""
-    if tp.size >= config.num_kv_heads:
-        if tp.size % config.num_kv_heads:
-            raise ValueError(
-                f"tensor_parallel_size ({tp.size}) must be a multiple of num_key_value_heads "
-                f"({config.num_kv_heads}) when it exceeds it"
-            )
-        return 1
-    if config.num_kv_heads % tp.size:
-        raise ValueError(
-            f"num_key_value_heads ({config.num_kv_heads}) is not divisible by "
-            f"tensor_parallel_size ({tp.size})"
-        )
-    return config.num_kv_heads // tp.size
-
-
-def check_tp_divisibility(config: ModelConfig, tp: TPGroup) -> None:
-    if config.num_heads % tp.size:
-        raise ValueError(
-            f"num_attention_heads ({config.num_heads}) is not divisible by "
-            f"tensor_parallel_size ({tp.size})"
-        )
-    if config.intermediate_size % tp.size:
-        raise ValueError(
-            f"intermediate_size ({config.intermediate_size}) is not divisible by "
-            f"tensor_parallel_size ({tp.size})"
-        )
-    kv_heads_per_rank(config, tp)
-
-
 class Attention(nn.Module):
     def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
         super().__init__()
         self.num_heads = c.num_heads // tp.size
-        self.num_kv_heads = kv_heads_per_rank(c, tp)
+        self.num_kv_heads = c.kv_heads_per_rank(tp.size)
         self.head_dim = c.head_dim
         self.q_size = self.num_heads * c.head_dim
         self.kv_size = self.num_kv_heads * c.head_dim
@@ -108,7 +77,7 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, max_pos: int):
         super().__init__()
-        check_tp_divisibility(c, tp)
+        c.check_tensor_parallel(tp.size)
         self.config = c
         self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp, dtype)

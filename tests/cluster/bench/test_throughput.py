@@ -12,14 +12,10 @@ from pathlib import Path
 import pytest
 
 from cluster.bench.common import (
-    BenchRequest,
-    Workload,
-    parse_size,
     random_workload,
     sampleable_token_ids,
     shared_prefix_workload,
 )
-from cluster.bench.throughput import _hf_batches
 from cluster.cli.main import main
 
 TINY = ["--num-prompts", "6", "--input-len-range", "4", "12", "--output-len-range", "2", "6"]
@@ -105,23 +101,3 @@ def test_workloads_are_seeded_and_in_range(demo_dir: Path) -> None:
     prefixes = {r.prompt_ids[:10] for r in shared.requests}
     assert len(prefixes) == 1 and len({r.prompt_ids for r in shared.requests}) == 5
     assert shared.prompt_tokens == 5 * 13 and shared.output_tokens == 10
-
-
-def test_hf_batches_fill_in_order_up_to_size_and_context() -> None:
-    shape = [(4, 20), (4, 20), (4, 20), (20, 4), (4, 4)]
-    reqs = tuple(BenchRequest((1,) * n, o) for n, o in shape)
-    work = Workload("t", reqs)
-    assert [len(b) for b in _hf_batches(work, 2, 1000)] == [2, 2, 1]
-    # With the 20-token prompt the batch would need 20 + 20 > 32 positions: cut before it.
-    batches = _hf_batches(work, 8, 32)
-    assert [len(b) for b in batches] == [3, 2]
-    assert [r for b in batches for r in b] == list(reqs)  # order kept
-
-
-def test_parse_size() -> None:
-    assert parse_size("1073741824") == 1 << 30
-    assert parse_size("2GiB") == 2 << 30
-    assert parse_size("512MiB") == 512 << 20
-    assert parse_size("1.5G") == 3 << 29
-    with pytest.raises(ValueError, match="memory size"):
-        parse_size("lots")

@@ -54,6 +54,24 @@ def test_flags_become_config() -> None:
     assert c.tensor_parallel_size == 2 and not c.enable_prefix_caching
 
 
+def test_every_config_field_is_a_flag_with_the_configs_default() -> None:
+    from dataclasses import fields
+
+    from cluster.config import ServeConfig
+
+    assert config_from_flags(_parse()) == ServeConfig()  # no flag restates a default
+    c = config_from_flags(
+        _parse("--block-size", "32", "--tp", "2", "--no-engine-process", "--device", "cpu",
+               "--grpc-max-message-bytes", "8MiB", "--model", "rel/ckpt")
+    )  # fmt: skip
+    assert c.block_size == 32 and c.tensor_parallel_size == 2 and not c.engine_process
+    assert c.grpc_max_message_bytes == 8 << 20 and c.device == "cpu"
+    assert c.model == os.path.abspath("rel/ckpt")
+    assert {f.name for f in fields(ServeConfig)} <= set(vars(_parse()))
+    with pytest.raises(SystemExit):
+        _parse("--kv-cache-memory", "lots")
+
+
 def test_banner_has_urls_and_a_curl_example() -> None:
     args = _parse("--port", "8123")
     text = serve_cmd.banner(config_from_flags(args), args, auth=True)

@@ -1,4 +1,4 @@
-"""gRPC request -> engine request mapping, validation, responses and status codes (no server)."""
+"""gRPC request -> engine types mapping, validation, responses and status codes (no server)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ from cluster.grpc_api import convert as conv
 from cluster.grpc_api.client import build_generate_request
 from cluster.grpc_api.servicer import status_for
 from cluster.http.protocol import ChatCompletionRequest, CompletionRequest
-from cluster.server.llm_server import sampling_params
 from kvray.v1 import llm_pb2
-from workers.outputs import CompletionOutput, RequestOutput
+from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 
 
 def _params(req: llm_pb2.GenerateRequest) -> dict:
-    return conv.llm_request(req, "r1", [1, 2, 3])["params"]
+    return conv.sampling_kwargs(req, chat=conv.input_kind(req) == "chat")
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -30,17 +29,24 @@ def _params(req: llm_pb2.GenerateRequest) -> dict:
 
 def test_defaults_match_the_http_api() -> None:
     # Same defaults as /v1/completions (text, token ids) and /v1/chat/completions (chat).
-    text = _params(build_generate_request("hi"))
+    text = build_generate_request("hi")
     http_text = CompletionRequest(prompt="hi").sampling_params()
-    assert sampling_params(text) == sampling_params(http_text)
-    assert text["max_tokens"] == 16
+    assert conv.sampling_params(text, stream=False) == http_text
+    assert _params(text)["max_tokens"] == 16
 
-    chat = _params(build_generate_request(messages=[{"role": "user", "content": "hi"}]))
+    chat = build_generate_request(messages=[{"role": "user", "content": "hi"}])
     http_chat = ChatCompletionRequest(
         messages=[{"role": "user", "content": "hi"}]
     ).sampling_params()
-    assert sampling_params(chat) == sampling_params(http_chat)
-    assert chat["max_tokens"] is None
+    assert conv.sampling_params(chat, stream=False) == http_chat
+    assert _params(chat)["max_tokens"] is None
+
+
+def test_output_kind_follows_the_rpc() -> None:
+    # GenerateStream gets deltas; Generate only the final output (nothing per token).
+    req = build_generate_request("hi")
+    assert conv.sampling_params(req, stream=True).output_kind is RequestOutputKind.DELTA
+    assert conv.sampling_params(req, stream=False).output_kind is RequestOutputKind.FINAL_ONLY
 
 
 def test_every_option_matches_the_http_api() -> None:
@@ -62,9 +68,9 @@ def test_every_option_matches_the_http_api() -> None:
         repetition_penalty=1.1,
         skip_special_tokens=False,
     )
-    grpc_params = _params(build_generate_request([5, 6, 7], top_logprobs=3, **opts))
-    http_params = CompletionRequest(prompt=[5, 6, 7], logprobs=3, **opts).sampling_params()
-    assert sampling_params(grpc_params) == sampling_params(http_params)
+    grpc_req = build_generate_request([5, 6, 7], top_logprobs=3, **opts)
+    http_req = CompletionRequest(prompt=[5, 6, 7], logprobs=3, stream=True, **opts)
+    assert conv.sampling_params(grpc_req, stream=True) == http_req.sampling_params()
 
 
 def test_zero_values_are_sent_when_set() -> None:
@@ -105,7 +111,7 @@ def test_bad_sampling_values_name_the_field() -> None:
     # the field where the client wrote it.
     req = build_generate_request("x", top_p=1.5)
     with pytest.raises(InvalidRequestError) as err:
-        sampling_params(_params(req))
+        conv.sampling_params(req, stream=False)
     code, details = status_for(err.value, "text")
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith("sampling.top_p: ") and "top_p" in details
@@ -131,8 +137,14 @@ def test_field_paths() -> None:
 
 
 def test_status_codes() -> None:
-    from ray.serve._private.common import DeploymentID
-    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+    from ray.exceptions import ActorDiedError
+    from ray.serve.exceptions import (
+        BackPressureError,
+        DeploymentUnavailableError,
+        ReplicaUnavailableError,
+    )
+
+    from cluster.server.ray_internals import deployment_id
 
     cases = [
         (QueueFullError(), grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -145,9 +157,11 @@ def test_status_codes() -> None:
             grpc.StatusCode.RESOURCE_EXHAUSTED,
         ),
         (
-            DeploymentUnavailableError(DeploymentID("LLMServer", "kvray")),
+            DeploymentUnavailableError(deployment_id("LLMServer", "kvray")),
             grpc.StatusCode.UNAVAILABLE,
         ),
+        (ReplicaUnavailableError("LLMServer#abc"), grpc.StatusCode.UNAVAILABLE),
+        (ActorDiedError(), grpc.StatusCode.UNAVAILABLE),
         (RuntimeError("boom"), grpc.StatusCode.INTERNAL),
     ]
     for exc, code in cases:

@@ -19,11 +19,11 @@ import pytest
 
 from cluster.grpc_api.client import AsyncKvrayClient, KvrayClient, completion_text
 from kvray.v1 import llm_pb2
+from tests.cluster.serve_helpers import API_KEY, ServePorts
+from tests.cluster.serve_helpers import API_KEY_ENV as KEY_ENV
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "grpc-test-key-7f3a"
-KEY_ENV = "KVRAY_GRPC_TEST_API_KEY"
 MAX_QUEUED = 2  # small, so a flood gets RESOURCE_EXHAUSTED
 PROMPTS = ["Hello world, this is", "The capital of France"]
 CHAT = [{"role": "user", "content": "Tell me a story about a river."}]
@@ -130,32 +130,23 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(offline: Offline) -> Iterator[Cluster]:
-    import ray
+def cluster(offline: Offline, serve_ports: ServePorts) -> Iterator[Cluster]:
     from ray import serve
 
     from cluster.app import build_app
     from cluster.config import ServeConfig
-    from cluster.grpc_api.ingress import grpc_options
 
-    # The key is read from the environment on the cluster; a local Ray instance's workers
-    # inherit this process's environment.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KEY_ENV, API_KEY)
-        ray.init(address="local", include_dashboard=False, num_cpus=4, logging_level="WARNING")
-        http_port, grpc_port = _free_port(), _free_port()
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": http_port},
-            grpc_options=grpc_options(grpc_port),
-        )
-        config = ServeConfig(api_key_env=KEY_ENV, max_queued_requests=MAX_QUEUED)
-        serve.run(build_app(config), name="kvray", route_prefix="/")
+    # On the session's Ray and Serve (tests/conftest.py, which runs this module before any
+    # other kvray app takes Serve's gRPC port); replicas read the key from the environment
+    # that instance started with.
+    config = ServeConfig(api_key_env=KEY_ENV, max_queued_requests=MAX_QUEUED)
+    serve.run(build_app(config), name="kvray", route_prefix="/")
     try:
-        _wait_serving(grpc_port)
-        yield Cluster(http_port, grpc_port, config)
+        _wait_serving(serve_ports.grpc)
+        yield Cluster(serve_ports.http, serve_ports.grpc, config)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        for app in ("kvray", "grpc-drain", "grpc-orphan"):
+            serve.delete(app)
 
 
 @pytest.fixture(scope="module")

@@ -89,9 +89,9 @@ def test_sampling_fields_cover_the_http_api() -> None:
     from kvray.v1 import llm_pb2
 
     grpc_fields = {f.name for f in llm_pb2.SamplingParams.DESCRIPTOR.fields}
-    http = CompletionRequest(prompt="x").sampling_params().keys()
+    http = CompletionRequest(prompt="x").sampling_kwargs().keys()
     http |= (
-        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}]).sampling_params().keys()
+        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}]).sampling_kwargs().keys()
     )
     # logprobs is its own message (LogprobsOptions) in the gRPC request.
     assert set(http) - {"logprobs"} <= grpc_fields

@@ -36,6 +36,31 @@ def test_merge_concatenates_deltas_and_keeps_the_latest_state() -> None:
         assert c.text == "t0t1t2" and c.finish_reason == "length"
 
 
+def test_merge_of_delta_outputs_keeps_a_finish_reported_once() -> None:
+    # DELTA outputs: no cumulative fields; a sample's finish is reported in one output only,
+    # and a later output may not list that sample at all.
+    a = RequestOutput(
+        "r",
+        None,
+        [],
+        [
+            CompletionOutput(0, finish_reason="stop", stop_reason=7, delta_token_ids=[7]),
+            CompletionOutput(1, delta_text="x", delta_token_ids=[3]),
+        ],
+    )
+    b = RequestOutput("r", None, [], [CompletionOutput(1, delta_text="y", delta_token_ids=[4])])
+    merged = merge_outputs([a, b])
+    assert [c.index for c in merged.outputs] == [0, 1]
+    done, running = merged.outputs
+    assert (done.finish_reason, done.stop_reason, done.delta_token_ids) == ("stop", 7, [7])
+    assert (running.finish_reason, running.delta_text, running.delta_token_ids) == (
+        None,
+        "xy",
+        [3, 4],
+    )
+    assert not merged.finished and merged.prompt_token_ids == []
+
+
 async def _source(
     total: int, closed: list[bool], delay: float = 0.0
 ) -> AsyncIterator[RequestOutput]:

@@ -1,6 +1,6 @@
 """cluster.server.metrics through the real path: a Ray actor records, Ray's metrics agent exports.
 
-One local Ray instance for the module, with a free metrics export port and a 1 s export
+The session's Ray instance (tests/conftest.py) has a free metrics export port and a 1 s export
 interval. Each test records into an EngineMetrics / RouterMetrics living in a Ray actor (as in
 an LLMServer replica or an ingress), then scrapes the export port until the values show up.
 Engine objects fed in are the real workers.stats / workers.outputs dataclasses.
@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import ray
 
+from tests.cluster.serve_helpers import RaySession
 from tests.monitoring.promkit import (
     ENGINE_METRICS,
     KVRAY_METRICS,
     Scrape,
-    design_metrics,
-    free_port,
+    documented_metrics,
     kvray_exposition,
+    own_labels,
     run_promtool,
     scrape,
     wait_for,
@@ -45,21 +46,9 @@ class MetricsHost:
 
 
 @pytest.fixture(scope="module")
-def metrics_url() -> Any:
-    port = free_port()
-    ray.init(
-        # "local": a new instance even when someone's `ray start` cluster runs on this host.
-        address="local",
-        include_dashboard=False,
-        num_cpus=1,
-        _metrics_export_port=port,
-        # Publish every second instead of every 10 s so the module runs quickly.
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    try:
-        yield f"http://127.0.0.1:{port}/metrics"
-    finally:
-        ray.shutdown()
+def metrics_url(ray_session: RaySession) -> str:
+    """The session's Ray instance exports on a free port, publishing every second."""
+    return ray_session.metrics_url
 
 
 @pytest.fixture
@@ -377,13 +366,16 @@ def test_exported_names_types_and_labels_are_design_md(exporter: Any) -> None:
     for name, samples in engine_samples(s, host).items():
         for sample in samples:
             assert sample.labels["model"] == MODEL, name
+    # Each family's own labels are the documented ones.
+    for name, (kind, labels) in documented_metrics().items():
+        series = f"ray_{name}_count" if kind == "histogram" else f"ray_{name}"
+        assert {own_labels(x.labels) for x in s.find(series)} == {labels}, name
 
 
-def test_the_expected_table_is_design_md() -> None:
-    table = design_metrics()
-    if table is None:
-        pytest.skip("../shared/DESIGN.md is not beside the repository")
-    assert table == KVRAY_METRICS
+def test_the_expected_table_is_the_documented_one() -> None:
+    """monitoring/README.md's metrics table (DESIGN.md's, with labels) is what these tests
+    expect, name for name and type for type; the scrape above checks the code against it."""
+    assert {name: kind for name, (kind, _) in documented_metrics().items()} == KVRAY_METRICS
 
 
 def test_promtool_accepts_the_kvray_families(exporter: Any) -> None:

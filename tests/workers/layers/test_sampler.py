@@ -1,5 +1,6 @@
-"""The sampler against hand-computed references: exact penalties and logprobs, chi-square fits
-of the sampled distributions, and seeded streams that ignore batch composition and preemption."""
+"""The sampler against hand-computed references: greedy choice, chi-square fits of the sampled
+distributions, seeded streams that ignore batch composition and preemption, exact logprobs.
+Penalties and filters: test_logits_processors.py; min_tokens blocking: test_sampling_batch.py."""
 
 from __future__ import annotations
 
@@ -8,105 +9,19 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from workers.layers.sampler import (
-    Sampler,
-    SamplerOutput,
-    SamplingBatch,
-    apply_filters,
-    apply_penalties,
-    logprobs_to_dicts,
+from tests.workers.layers.sampling_helpers import (
+    DEVICES,
+    FIT_LOGITS,
+    FIT_SAMPLES,
+    P_VALUE_FLOOR,
+    assert_fits,
+    build,
+    draw_counts,
+    sample,
+    target_distribution,
 )
+from workers.layers.sampler import Sampler, logprobs_to_dicts
 from workers.sampling_params import SamplingParams
-
-# A fixed, well-spread distribution over a small vocabulary for the goodness-of-fit tests.
-FIT_LOGITS = np.array(
-    [2.0, 1.6, 1.3, 1.0, 0.7, 0.4, 0.1, -0.2, -0.6, -1.0, -1.4, -1.9], dtype=np.float32
-)
-FIT_SAMPLES = 20_000
-P_VALUE_FLOOR = 1e-4
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def build(
-    params: list[SamplingParams],
-    vocab_size: int,
-    outputs: list[list[int]] | None = None,
-    prompts: list[list[int]] | None = None,
-    device: str = "cpu",
-    **kwargs: object,
-) -> SamplingBatch:
-    outputs = outputs if outputs is not None else [[] for _ in params]
-    prompts = prompts if prompts is not None else [[] for _ in params]
-    return SamplingBatch.build(
-        params, prompts, outputs, device=device, vocab_size=vocab_size, **kwargs
-    )
-
-
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], seed: int = 0, **kwargs: object
-) -> SamplerOutput:
-    return Sampler(seed)(
-        logits, build(params, logits.shape[-1], device=str(logits.device), **kwargs)
-    )
-
-
-def reference_keep(
-    z: np.ndarray, top_k: int, top_p: float, min_p: float, margin: float = 1e-3
-) -> np.ndarray:
-    """Which tokens of temperature-scaled logits `z` survive top-k, top-p and min-p, in float64.
-
-    Cuts are by value (a tie with the last survivor survives), so top-p keeps whole groups of
-    equal logits. Each rule's margin is checked so that float32 rounding in the sampler cannot
-    flip a token in or out.
-    """
-    z = z.astype(np.float64)
-    keep = np.ones(z.shape, dtype=bool)
-    if top_k > 0:
-        keep &= z >= np.sort(z)[::-1][top_k - 1]
-
-    def renormalised() -> np.ndarray:
-        p = np.where(keep, np.exp(z - z.max()), 0.0)
-        return p / p.sum()
-
-    if top_p < 1.0:
-        p = renormalised()
-        groups = np.unique(z[keep])[::-1]  # distinct surviving logits, descending
-        group_mass = np.array([p[z == v].sum() for v in groups])
-        mass_before = np.cumsum(group_mass) - group_mass
-        assert np.min(np.abs(mass_before - top_p)) > margin, "top_p too close to a boundary"
-        keep &= z >= groups[mass_before < top_p].min()
-    if min_p > 0.0:
-        p = renormalised()
-        floor = min_p * p.max()
-        assert np.min(np.abs(p[keep] - floor)) > margin / 10, "min_p too close to a boundary"
-        keep &= p >= floor
-    return keep
-
-
-def target_distribution(
-    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
-) -> np.ndarray:
-    """The distribution the sampler must draw from, in float64."""
-    z = logits.astype(np.float64) / temperature
-    keep = reference_keep(z, top_k, top_p, min_p)
-    p = np.where(keep, np.exp(z - z.max()), 0.0)
-    return p / p.sum()
-
-
-def draw_counts(params: list[SamplingParams], seed: int = 0) -> np.ndarray:
-    logits = torch.from_numpy(FIT_LOGITS).expand(len(params), -1).contiguous()
-    tokens = sample(logits, params, seed=seed).token_ids
-    return np.bincount(tokens.numpy(), minlength=len(FIT_LOGITS))
-
-
-def assert_fits(counts: np.ndarray, expected: np.ndarray) -> None:
-    support = expected > 0
-    assert counts[~support].sum() == 0, f"drew tokens outside the support: {counts}"
-    assert (expected[support] * counts.sum() >= 5).all(), "expected cell counts too small"
-    fit = chisquare(counts[support], expected[support] * counts.sum())
-    assert fit.pvalue > P_VALUE_FLOOR, (fit, counts, expected)
-
 
 # ---------------------------------------------------------------------------------- greedy
 
@@ -188,48 +103,6 @@ def test_rows_with_and_without_filters_share_a_batch() -> None:
     assert_fits(np.bincount(tokens[half:], minlength=len(FIT_LOGITS)), plain)
 
 
-@pytest.mark.parametrize("options", [dict(top_k=2), dict(top_p=0.45)], ids=["top_k", "top_p"])
-def test_tokens_tied_with_the_last_survivor_survive(options: dict[str, float]) -> None:
-    # Both filters cut by value, so a tie is never split by however a sort orders it (which
-    # could differ with the batch). Here either cut falls inside the group of three 1.0s.
-    raw = np.array([2.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], dtype=np.float32)
-    logits = torch.from_numpy(raw).expand(4000, -1).contiguous()
-    counts = np.bincount(
-        sample(logits, [SamplingParams(**options)] * 4000, seed=4).token_ids.numpy(), minlength=8
-    )
-    expected = target_distribution(raw, 1.0, options.get("top_k", -1), options.get("top_p", 1), 0)
-    assert (expected[1:4] > 0).all() and (expected[4:] == 0).all()
-    assert_fits(counts, expected)
-
-
-def test_filters_on_a_large_vocabulary_match_the_reference() -> None:
-    # Beyond _TOP_P_PROBE tokens, a top-p row without top-k first looks at the best 1024 only:
-    # row 0 (peaked) finds its mass there, row 1 (flat) does not and needs the full sort.
-    vocab = 3000
-    gen = torch.Generator().manual_seed(14)
-    levels = torch.randint(0, 40, (5, vocab), generator=gen).float()
-    logits = torch.stack(
-        [levels[0] / 4, levels[1] / 100, levels[2] / 8, levels[3] / 8, levels[4] / 8]
-    )
-    options = [
-        dict(temperature=1.0, top_p=0.9),
-        dict(temperature=0.8, top_p=0.9),
-        dict(temperature=1.0, top_k=40, top_p=0.8),
-        dict(temperature=0.7),
-        dict(temperature=1.5, min_p=0.3),
-    ]
-    batch = build([SamplingParams(**o) for o in options], vocab)
-    assert batch.candidates < vocab and batch.top_p_probe
-    got = apply_filters(logits, batch)
-    for row, o in enumerate(options):
-        z = logits[row].double().numpy() / o["temperature"]
-        keep = reference_keep(z, o.get("top_k", -1), o.get("top_p", 1.0), o.get("min_p", 0.0), 1e-4)
-        assert (torch.isfinite(got[row]).numpy() == keep).all(), row
-        np.testing.assert_allclose(got[row].numpy()[keep], z[keep], rtol=1e-6)
-    kept = [int(torch.isfinite(got[row]).sum()) for row in range(2)]
-    assert kept[0] < 1024 < kept[1]  # both top-p paths really ran
-
-
 def test_one_seed_across_positions_follows_the_target_distribution() -> None:
     # One seeded request's successive tokens (position = tokens generated so far) must be fresh
     # draws, not one draw repeated; the tokens themselves are irrelevant to unpenalised rows.
@@ -247,62 +120,6 @@ def test_chi_square_check_rejects_a_wrong_distribution() -> None:
     counts = draw_counts([SamplingParams(temperature=0.7)] * FIT_SAMPLES, seed=5)
     wrong = target_distribution(FIT_LOGITS, 1.0, -1, 1.0, 0.0)
     assert chisquare(counts, wrong * counts.sum()).pvalue < P_VALUE_FLOOR
-
-
-# ------------------------------------------------------------------------------- penalties
-
-
-def penalised_reference(
-    logits: np.ndarray,
-    params: list[SamplingParams],
-    prompts: list[list[int]],
-    outputs: list[list[int]],
-) -> np.ndarray:
-    out = logits.astype(np.float32).copy()
-    for row, (p, prompt, output) in enumerate(zip(params, prompts, outputs, strict=True)):
-        x = out[row]
-        counts = np.bincount(np.array(output, dtype=np.int64), minlength=len(x)).astype(np.float32)
-        seen = counts > 0
-        seen[prompt] = True
-        rp = np.float32(p.repetition_penalty)
-        x[:] = np.where(seen, np.where(x > 0, x / rp, x * rp), x)
-        x -= np.float32(p.frequency_penalty) * counts
-        x -= np.float32(p.presence_penalty) * (counts > 0)
-    return out
-
-
-PENALTY_PROMPTS = [[1, 2, 3], [4, 4], [0, 5, 6], [7, 8, 1]]
-PENALTY_OUTPUTS = [[3, 9, 9], [4, 10, 10, 10, 11], [12], [1, 1, 13, 14, 8]]
-
-
-@pytest.mark.parametrize("every_row_penalised", [False, True])
-def test_penalties_change_logits_exactly_as_defined(every_row_penalised: bool) -> None:
-    vocab = 16
-    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(4)) * 2
-    params = [
-        SamplingParams(repetition_penalty=1.5),
-        SamplingParams(frequency_penalty=0.7, presence_penalty=0.3),
-        SamplingParams(presence_penalty=-0.5) if every_row_penalised else SamplingParams(),
-        SamplingParams(repetition_penalty=0.8, frequency_penalty=-1.2, presence_penalty=1.1),
-    ]
-    batch = build(params, vocab, outputs=PENALTY_OUTPUTS, prompts=PENALTY_PROMPTS)
-    assert (batch.penalty_rows is None) == every_row_penalised
-    got = apply_penalties(logits, batch).numpy()
-    want = penalised_reference(logits.numpy(), params, PENALTY_PROMPTS, PENALTY_OUTPUTS)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    assert not np.allclose(want, logits.numpy())  # the reference really did penalise
-    if not every_row_penalised:
-        assert torch.equal(torch.from_numpy(got[2]), logits[2])
-
-
-def test_greedy_choice_follows_the_penalised_logits() -> None:
-    vocab = 16
-    logits = torch.zeros(2, vocab)
-    logits[:, 5] = 3.0  # best raw token, repeated in the output
-    logits[:, 6] = 2.0
-    params = [SamplingParams(temperature=0.0, frequency_penalty=0.6), SamplingParams(temperature=0)]
-    tokens = sample(logits, params, outputs=[[5, 5], [5, 5]]).token_ids
-    assert tokens.tolist() == [6, 5]  # 3 - 2 * 0.6 < 2 for the penalised row only
 
 
 # -------------------------------------------------------------------------------- seeding
@@ -426,45 +243,6 @@ def test_no_logprobs_requested_means_none_returned() -> None:
     out = sample(torch.randn(3, 10), [SamplingParams(temperature=1.0)] * 3)
     assert out.logprobs is None and out.logprob_token_ids is None
     assert logprobs_to_dicts(out, build([SamplingParams()] * 3, 10)) == [None] * 3
-
-
-# ----------------------------------------------------------------------------- min_tokens
-
-EOS, STOP, NEXT = 2, 5, 7
-
-
-def min_tokens_logits(rows: int) -> torch.Tensor:
-    logits = torch.zeros(rows, 10)
-    logits[:, EOS], logits[:, STOP], logits[:, NEXT] = 9.0, 8.0, 7.0
-    return logits
-
-
-@pytest.mark.parametrize("generated", [0, 1, 2, 3])
-def test_min_tokens_blocks_eos_and_stop_ids_until_reached(generated: int) -> None:
-    params = SamplingParams(
-        temperature=0.0, min_tokens=3, eos_token_ids=(EOS,), stop_token_ids=[STOP, 99]
-    )  # 99 is outside the vocabulary: it can never be sampled and must not break blocking
-    ignoring_eos = SamplingParams(
-        temperature=0.0, min_tokens=3, ignore_eos=True, eos_token_ids=(EOS,), stop_token_ids=[STOP]
-    )
-    outputs = [[NEXT] * generated] * 2
-    tokens = sample(min_tokens_logits(2), [params, ignoring_eos], outputs=outputs).token_ids
-    if generated < 3:
-        assert tokens.tolist() == [NEXT, EOS]  # ignore_eos: EOS is no stop, so nothing to block
-    else:
-        assert tokens.tolist() == [EOS, EOS]
-
-
-def test_min_tokens_holds_for_random_rows_and_explicit_block_lists() -> None:
-    rows = 2000
-    params = [SamplingParams(temperature=2.0, min_tokens=1, eos_token_ids=(EOS,))] * rows
-    tokens = sample(min_tokens_logits(rows), params, seed=3).token_ids
-    assert (tokens != EOS).all()
-    assert (tokens == STOP).any()  # blocking only the EOS id leaves the stop id reachable
-
-    explicit = [[EOS, STOP]] * rows
-    tokens = sample(min_tokens_logits(rows), params, blocked_token_ids=explicit).token_ids
-    assert ((tokens != EOS) & (tokens != STOP)).all()
 
 
 # -------------------------------------------------------------------------------- devices

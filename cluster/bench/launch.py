@@ -1,0 +1,91 @@
+"""`kvray bench serve --launch`: a local Ray instance running the kvray app on free ports."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+from cluster.bench.backend_types import BackendContext
+from cluster.config import ServeConfig
+
+_DEFAULTS = ServeConfig()
+
+
+class LocalCluster:
+    """--launch: a local Ray instance running the kvray app on free ports."""
+
+    def __init__(self, args: argparse.Namespace, max_queued: int) -> None:
+        self._args = args
+        # Never fewer than a served app's defaults.
+        self._max_queued = max(_DEFAULTS.max_queued_requests, max_queued)
+
+    def __enter__(self) -> LocalCluster:
+        import ray
+        from ray import serve
+
+        from cluster.grpc_api.ingress import grpc_options
+
+        self.http_port, self.grpc_port = _free_port(), _free_port()
+        ray.init(
+            address="local",  # a new instance, never one another `ray start` left running
+            num_cpus=max(4, self._args.num_replicas + 2),
+            include_dashboard=False,
+            logging_level="WARNING",
+            # Every request logs a line in each replica; relayed here they would bury the
+            # report and cost this (the client's) process CPU. Failed requests still show
+            # their errors in the report.
+            log_to_driver=False,
+        )
+        # Ray's default temp dir; session_latest points at this instance.
+        print("local Ray started; replica logs in /tmp/ray/session_latest/logs/serve", flush=True)
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": self.http_port},
+            grpc_options=grpc_options(self.grpc_port),
+        )
+        return self
+
+    def deploy(self, router: str, base: BackendContext) -> BackendContext:
+        from dataclasses import replace
+
+        from ray import serve
+
+        from cluster.app import build_app
+
+        config = ServeConfig(
+            model=self._args.model,
+            num_replicas=self._args.num_replicas,
+            request_router=router,
+            max_num_seqs=self._args.max_num_seqs,
+            stream_interval_ms=self._args.stream_interval_ms,
+            engine_process=not self._args.no_engine_process,
+            kv_cache_memory_bytes=self._args.kv_cache_memory,
+            # A benchmark measures latency under load; it must not be turned away with 429s.
+            max_queued_requests=self._max_queued,
+            max_ongoing_requests=max(_DEFAULTS.max_ongoing_requests, self._max_queued),
+        )
+        print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")
+        serve.run(build_app(config), name="kvray-bench", route_prefix="/")
+        return replace(
+            base,
+            model=config.model_name(),
+            base_url=f"http://127.0.0.1:{self.http_port}",
+            grpc_address=f"127.0.0.1:{self.grpc_port}",
+        )
+
+    def undeploy(self) -> None:
+        from ray import serve
+
+        serve.delete("kvray-bench")
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

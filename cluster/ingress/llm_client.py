@@ -1,0 +1,89 @@
+"""LLMClient: how both ingresses call the LLMServer deployment, so both behave the same.
+
+    client = LLMClient(handle)
+    checker = await client.input_checker()         # the served model's limits (cached)
+    async with contextlib.aclosing(client.generate(GenerateRequest(...))) as outs:
+        async for out in outs: ...                 # workers.outputs.RequestOutput
+
+- Transport: a streaming handle with plain pickle both ways. The messages are plain
+  dataclasses, and cloudpickle's per-object hook costs the replica a large share of its time.
+- Output kind: whatever the request's SamplingParams ask for (cluster/ingress/checks.py):
+  deltas for a streamed call, the final output only otherwise, so a non-streamed request
+  sends nothing per token over the Serve hop.
+- Coalescing: a streamed call's outputs that arrive while the consumer is still writing the
+  previous one (to a socket, an SSE frame, a gRPC message) are merged into one
+  (cluster/server/coalesce.py); the replica paces its own yields by the stream interval.
+- Cancellation: leaving the stream early (client gone, deadline, error) cancels the Serve
+  call; Serve delivers that to the replica, which aborts the engine request and frees its
+  KV blocks.
+- Errors: everything a handle call raises leaves as a cluster.errors class, through the one
+  mapping (`cluster.errors.as_kvray_error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from cluster.errors import as_kvray_error
+from cluster.ingress.checks import is_streamed
+from cluster.server.coalesce import coalesced
+from workers.inputs import InputChecker
+
+if TYPE_CHECKING:
+    from cluster.server.messages import GenerateRequest
+    from workers.outputs import RequestOutput
+
+
+class LLMClient:
+    """One ingress replica's view of the LLMServer deployment (a DeploymentHandle)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._stream_handle = handle.options(
+            stream=True, request_serialization="pickle", response_serialization="pickle"
+        )
+        self._card: dict[str, Any] | None = None
+        self._checker: InputChecker | None = None
+
+    async def model_card(self) -> dict[str, Any]:
+        """{"id", "max_model_len", "vocab_size", "created"} from LLMServer; fetched once (it
+        never changes)."""
+        if self._card is None:
+            try:
+                self._card = await self.handle.model_card.remote()
+            except Exception as err:
+                raise as_kvray_error(err) from None
+        return self._card
+
+    async def input_checker(self) -> InputChecker:
+        """The served model's limits, as the engine has them: its vocabulary (the embedding's
+        rows, which can outnumber the tokenizer's tokens) and its context length."""
+        if self._checker is None:
+            card = await self.model_card()
+            self._checker = InputChecker(
+                vocab_size=int(card["vocab_size"]), max_model_len=int(card["max_model_len"])
+            )
+        return self._checker
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """LLMServer.generate's outputs; errors come out as cluster.errors classes."""
+        outputs = self._outputs(request)
+        if is_streamed(request.input.params):
+            return coalesced(outputs)
+        return outputs  # one output, the final one: nothing to merge
+
+    async def _outputs(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        gen = None
+        finished = False
+        try:
+            # Serve may refuse at once (BackPressureError): inside the try, so it maps to 429.
+            gen = self._stream_handle.generate.remote(request)
+            async for out in gen:
+                finished = out.finished
+                yield out
+        except Exception as err:
+            raise as_kvray_error(err) from None
+        finally:
+            if gen is not None and not finished:
+                gen.cancel()  # the consumer left (or we failed): abort the engine request

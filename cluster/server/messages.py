@@ -1,0 +1,23 @@
+"""The typed message an ingress sends to an LLMServer replica (through a DeploymentHandle).
+
+An ingress checks a request once, into the engine's own types (`workers.inputs.EngineInput`:
+token ids against the vocabulary and max_model_len, SamplingParams validated, the output
+kind set), before it is routed; what is behind the handle trusts it. The prefix-affinity
+router (cluster/server/router.py) reads `routing_key` and `input.prompt_token_ids` from the
+pending request's first argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workers.inputs import EngineInput
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One engine request: `LLMServer.generate(request)` streams its RequestOutputs."""
+
+    request_id: str  # unique per engine request (n > 1 samples share it; prompts do not)
+    input: EngineInput  # checked: the replica runs it as is
+    routing_key: str | None = None  # explicit affinity key; None: hash of the prompt blocks

@@ -1,0 +1,144 @@
+"""One Ray instance for the whole test session, and the order that lets every module share it.
+
+`pytest tests` is one process, and one process holds at most one Ray connection: modules
+cannot each `ray.init` their own instance while another is alive. So one session fixture,
+`ray_session`, owns the only local Ray instance, started with everything any test needs from
+it before its processes exist (the API key replicas read from their environment, kvray's
+Serve settings, a free metrics export port publishing every second); `serve_ports` starts
+Serve on it once. Every Ray test uses these; none calls `ray.init` or `serve.start`.
+
+A few modules need something of the shared instance that others would spoil, so the
+collection hook below runs them first, in this order, after every test that needs no Ray
+(those then run without idle Ray processes beside them):
+
+- tests/monitoring/test_prometheus_live.py reads cluster-wide sums (every request's tokens,
+  the number of LLMServer replicas): no other kvray application may have run before it.
+- tests/cluster/grpc_api/test_grpc_api.py binds Serve's gRPC port (`grpc_options.port`,
+  where GrpcIngress listens): another kvray application deployed meanwhile would share the
+  port through SO_REUSEPORT and answer half of its calls.
+- tests/workers/test_tensor_parallel.py needs no Serve: its CPU-heavy gloo ranks run before
+  the shared apps' replicas are up beside them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.serve_helpers import RAY_ENV, RaySession, ServePorts, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Modules run first among those that use Ray, in this order (see the module docstring).
+RAY_FIRST = (
+    "tests/monitoring/test_prometheus_live.py",
+    "tests/cluster/grpc_api/test_grpc_api.py",
+    "tests/workers/test_tensor_parallel.py",
+)
+# Ray's agent publishes every second (default 10 s): metrics tests wait on it.
+METRICS_REPORT_INTERVAL_MS = 1000
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests without Ray first, then the Ray modules of RAY_FIRST, then the other Ray modules.
+
+    A module moves as a whole (its tests keep their order and share its fixtures); a module
+    counts as a Ray module when any of its tests uses `ray_session`, directly or not.
+    """
+    ray_modules = {
+        _relpath(item) for item in items if "ray_session" in getattr(item, "fixturenames", ())
+    }
+
+    def rank(item: pytest.Item) -> int:
+        path = _relpath(item)
+        if path not in ray_modules:
+            return 0
+        return 1 + (RAY_FIRST.index(path) if path in RAY_FIRST else len(RAY_FIRST))
+
+    items.sort(key=rank)  # stable: the collection order within each rank
+
+
+def _relpath(item: pytest.Item) -> str:
+    return item.path.resolve().relative_to(REPO).as_posix()
+
+
+@pytest.fixture(scope="session")
+def demo_dir() -> Path:
+    from workers.demo import demo_model_dir
+
+    return demo_model_dir()
+
+
+@pytest.fixture(scope="session")
+def ray_session(demo_dir: Path) -> Iterator[RaySession]:
+    """The session's local Ray instance. The demo checkpoint is built first, once, here:
+    replicas starting together would otherwise race to write it."""
+    import ray
+
+    # Imported before kvray's Serve settings are applied: this process keeps Serve's defaults,
+    # so its handles route on Serve's own loop and work from sync code and asyncio.run alike.
+    from ray import serve
+
+    from cluster.serve_env import LOCAL_SERVE_ENV, SERVE_ENV, apply_serve_env
+
+    # A local Ray instance's processes inherit this process's environment when it starts:
+    # the API key the test apps read, and kvray's Serve settings. KVRAY_API_KEY must not leak
+    # in from the shell: apps deployed with the default api_key_env would require a key.
+    # Serve's HAProxy also listens on two fixed ports of all interfaces (stats 8404, its
+    # metrics 9101): free ones here, so that a run never collides with another one, or with
+    # an HAProxy a killed run left behind (it outlives its Ray instance).
+    haproxy_ports = {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+    }
+    keys = (*RAY_ENV, *haproxy_ports, "KVRAY_API_KEY", *SERVE_ENV, *LOCAL_SERVE_ENV)
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(RAY_ENV)
+    os.environ.update(haproxy_ports)
+    os.environ.pop("KVRAY_API_KEY", None)
+    apply_serve_env()
+    env_vars = {}
+    try:
+        import kvray.v1  # noqa: F401
+    except ImportError:
+        # Until the gRPC stubs are installed as the `kvray` package, put them on the path.
+        env_vars["PYTHONPATH"] = str(REPO / "proto")
+    metrics_port = free_port()
+    ray.init(
+        address="local",  # our own instance, even if someone's `ray start` cluster is up
+        num_cpus=8,
+        include_dashboard=False,
+        logging_level="WARNING",
+        runtime_env={"env_vars": env_vars} if env_vars else None,
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS},
+    )
+    try:
+        yield RaySession(metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def serve_ports(ray_session: RaySession) -> ServePorts:
+    """Serve on the session's Ray instance, on free ports (never Serve's defaults: other runs
+    may be on the same machine). Apps are deployed and deleted by the fixtures using them."""
+    from ray import serve
+
+    from cluster.grpc_api.ingress import grpc_options
+
+    ports = ServePorts(http=free_port(), grpc=free_port())
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": ports.http},
+        grpc_options=grpc_options(ports.grpc),
+    )
+    return ports

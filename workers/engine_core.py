@@ -1,0 +1,42 @@
+"""What `AsyncEngine` needs of an engine core, and what a core delivers to.
+
+Two cores satisfy `EngineCore`: `workers.engine_thread.EngineThread` (the LLMEngine on a
+thread of this process) and `workers.engine_process.EngineProcess` (the LLMEngine in a child
+process, off this interpreter's GIL). Both produce the same outputs for the same request:
+whatever its `SamplingParams.output_kind` asks for (see `workers.outputs`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from workers.inputs import EngineInput, InputChecker
+    from workers.outputs import RequestOutput
+    from workers.stats import EngineStats
+
+
+class OutputSink(Protocol):
+    """Where an engine core delivers, from its own thread."""
+
+    def outputs(self, outs: list[RequestOutput]) -> None: ...
+    def rejected(self, request_id: str, err: Exception) -> None: ...
+    def failed(self, cause: BaseException) -> None: ...
+
+
+class EngineCore(Protocol):
+    """Runs the engine's step loop on its own; commands may come from any thread."""
+
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    input_checker: InputChecker
+
+    def start(self, sink: OutputSink) -> None: ...
+    def add(self, request_id: str, inp: EngineInput) -> None: ...  # trusted: checked already
+    def abort(self, request_id: str) -> None: ...
+    def stats(self) -> EngineStats: ...
+    def pop_step_token_counts(self) -> list[int]: ...
+    def is_alive(self) -> bool: ...  # cheap: no round trip to the ranks
+    def check_health(self) -> None: ...
+    def shutdown(self) -> None: ...

@@ -115,6 +115,23 @@ class ServeConfig:
         NETWORK_GROUP,
         kind="size",
     )
+    # Request bounds, checked at the ingress (cluster/ingress/limits.py) for HTTP and gRPC
+    # alike: one request must not be able to stall a replica (n=100000) or make the ingress
+    # hold and parse unbounded data. A request over one is a 400 naming the field and limit.
+    max_request_body_bytes: int = _opt(
+        8 * 1024 * 1024,
+        "largest HTTP request body, e.g. 8MiB; larger: 413 before the body is read",
+        NETWORK_GROUP,
+        kind="size",
+    )
+    max_n: int = _opt(128, "most completions (n) one request may ask for", NETWORK_GROUP)
+    max_stop_strings: int = _opt(16, "most stop strings per request", NETWORK_GROUP)
+    max_stop_string_chars: int = _opt(256, "longest stop string, in characters", NETWORK_GROUP)
+    max_stop_token_ids: int = _opt(256, "most stop_token_ids per request", NETWORK_GROUP)
+    max_prompts_per_request: int = _opt(
+        64, "most prompts in one /v1/completions request", NETWORK_GROUP
+    )
+    max_chat_messages: int = _opt(1024, "most messages in one chat request", NETWORK_GROUP)
     request_router: str = _opt(
         "prefix_affinity",
         "replica choice: prefix-cache affinity + load, or Serve's power-of-two choices",
@@ -221,6 +238,13 @@ def _validate(cfg: ServeConfig) -> None:
         "max_queued_requests",
         "ingress_replicas",
         "grpc_max_message_bytes",
+        "max_request_body_bytes",
+        "max_n",
+        "max_stop_strings",
+        "max_stop_string_chars",
+        "max_stop_token_ids",
+        "max_prompts_per_request",
+        "max_chat_messages",
     ):
         need(
             is_int(getattr(cfg, name)) and getattr(cfg, name) >= 1, name, "must be an integer >= 1"

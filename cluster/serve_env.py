@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import MutableMapping
+import socket
+from collections.abc import Callable, MutableMapping
 
 SERVE_ENV: dict[str, str] = {
     # Handle -> replica and proxy -> ingress calls over gRPC instead of Ray actor calls
@@ -48,19 +49,43 @@ HAPROXY_KEYS = ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY")
 # nodes can drop it first; HAProxy on the same node drops it within a fraction of a second,
 # and waiting 30 s made every Ctrl-C and every redeploy take that long.
 LOCAL_SERVE_ENV: dict[str, str] = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+# Fixed ports Serve binds on every node besides the ones kvray names (HTTP, gRPC): HAProxy's
+# stats page (8404) and Prometheus exporter (9101), and Serve's fallback proxy (8500, gRPC
+# 9500). Ray's HAProxy template binds stats and metrics as `*:PORT` with no setting for the
+# address and none to turn them off, so a local instance takes free ports instead: a second
+# `kvray serve` on the same machine, or an HAProxy a killed run left behind, never collides.
+LOCAL_PORT_KEYS = (
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
 
 
-def apply_serve_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Sets SERVE_ENV and LOCAL_SERVE_ENV in `environ` (default os.environ) where not already
-    set, for a local Ray instance this process is about to start; returns what is in effect.
-    Call before this process imports ray.serve."""
+def apply_serve_env(
+    environ: MutableMapping[str, str] | None = None, free_port: Callable[[], int] | None = None
+) -> dict[str, str]:
+    """Sets SERVE_ENV, LOCAL_SERVE_ENV and free LOCAL_PORT_KEYS in `environ` (default
+    os.environ) where not already set, for a local Ray instance this process is about to
+    start; returns what is in effect. Call before this process imports ray.serve."""
     env = os.environ if environ is None else environ
     haproxy = haproxy_available()
     for key, value in SERVE_ENV.items():
         env.setdefault(key, value if haproxy or key not in HAPROXY_KEYS else "0")
     for key, value in LOCAL_SERVE_ENV.items():
         env.setdefault(key, value)
-    return {k: env[k] for k in (*SERVE_ENV, *LOCAL_SERVE_ENV)}
+    for key in LOCAL_PORT_KEYS:
+        if key not in env:
+            env[key] = str((free_port or _free_port)())
+    return {k: env[k] for k in (*SERVE_ENV, *LOCAL_SERVE_ENV, *LOCAL_PORT_KEYS)}
+
+
+def _free_port() -> int:
+    # A port free on every interface now; Serve binds it seconds later (a race another
+    # program could win: the start-up port check in cluster/cli/ports.py then names it).
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def haproxy_available() -> bool:

@@ -13,9 +13,10 @@ collection hook below runs them first, in this order, after every test that need
 
 - tests/monitoring/test_prometheus_live.py reads cluster-wide sums (every request's tokens,
   the number of LLMServer replicas): no other kvray application may have run before it.
-- tests/cluster/grpc_api/test_grpc_api.py binds Serve's gRPC port (`grpc_options.port`,
-  where GrpcIngress listens): another kvray application deployed meanwhile would share the
-  port through SO_REUSEPORT and answer half of its calls.
+- tests/cluster/grpc_api/test_grpc_{answers,errors,lifecycle}.py bind Serve's gRPC port
+  (`grpc_options.port`, where GrpcIngress listens) through one app shared by the three
+  (their package-scoped fixtures): another kvray application deployed meanwhile would share
+  the port through SO_REUSEPORT and answer half of its calls. Lifecycle stops the app: last.
 - tests/workers/test_tensor_parallel.py needs no Serve: its CPU-heavy gloo ranks run before
   the shared apps' replicas are up beside them.
 """
@@ -35,7 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Modules run first among those that use Ray, in this order (see the module docstring).
 RAY_FIRST = (
     "tests/monitoring/test_prometheus_live.py",
-    "tests/cluster/grpc_api/test_grpc_api.py",
+    "tests/cluster/grpc_api/test_grpc_answers.py",
+    "tests/cluster/grpc_api/test_grpc_errors.py",
+    "tests/cluster/grpc_api/test_grpc_lifecycle.py",
     "tests/workers/test_tensor_parallel.py",
 )
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.

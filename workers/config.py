@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # token budget of one engine step
 DEFAULT_STEP_TIMEOUT_S = 20.0
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -190,6 +193,9 @@ class SchedulerConfig:
     max_model_len: int
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    # True when the user asked for max_model_len: it must then fit the KV cache (an error
+    # otherwise); the checkpoint's default is capped to the KV cache instead (fit_to_kv_cache).
+    max_model_len_explicit: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,7 @@ class EngineArgs:
                 max_model_len=max_model_len,
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=batched,
+                max_model_len_explicit=self.max_model_len is not None,
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, step_timeout_s=self.step_timeout_s
@@ -264,6 +271,37 @@ class EngineArgs:
             seed=self.seed,
             served_model_name=self.served_model_name or Path(model_path).name,
         )
+
+
+def fit_to_kv_cache(config: EngineConfig, kv_cache_tokens: int) -> EngineConfig:
+    """The config with max_model_len no larger than `kv_cache_tokens`, the tokens the KV cache
+    can hold for one sequence (known only once the executor has sized the cache).
+
+    A sequence longer than the cache could never run to its end: preempting everything else
+    would not give it room. The behaviour chosen (as vLLM users expect from its message):
+    - max_model_len from the checkpoint (the user set none): capped to the cache, with a
+      warning naming both numbers and how to raise the cache, so a small cache still serves;
+    - max_model_len the user asked for: ValueError naming both numbers, because silently
+      serving less context than requested would surprise them later.
+    """
+    limit = config.scheduler.max_model_len
+    if limit <= kv_cache_tokens:
+        return config
+    if config.scheduler.max_model_len_explicit:
+        raise ValueError(
+            f"max_model_len ({limit}) is larger than the {kv_cache_tokens} tokens the KV cache "
+            "can hold for one sequence; raise kv_cache_memory_bytes (--kv-cache-memory) "
+            "or lower max_model_len"
+        )
+    log.warning(
+        "max_model_len %d is larger than the %d tokens the KV cache can hold for one "
+        "sequence: capping max_model_len to %d (raise kv_cache_memory_bytes / "
+        "--kv-cache-memory to serve longer sequences)",
+        limit,
+        kv_cache_tokens,
+        kv_cache_tokens,
+    )
+    return replace(config, scheduler=replace(config.scheduler, max_model_len=kv_cache_tokens))
 
 
 def _torch_dtype(name: str):  # noqa: ANN202 - torch imported lazily

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.config import EngineConfig
-from workers.inputs import EngineInput
+from workers.inputs import EngineInput, InputChecker
 from workers.outputs import RequestOutput
 from workers.stats import EngineStats
 
@@ -50,6 +50,9 @@ class StopEngine:
 @dataclass(frozen=True, slots=True)
 class EngineReady:
     num_blocks: int  # KV-cache blocks the engine has
+    # The engine's limits, known only once its KV cache is sized (max_model_len is capped to
+    # it): the parent checks requests against exactly these.
+    input_checker: InputChecker
 
 
 @dataclass(frozen=True, slots=True)

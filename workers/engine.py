@@ -14,20 +14,21 @@ from collections import deque
 from dataclasses import replace
 
 from workers.block_manager import BlockManager
-from workers.config import EngineArgs, EngineConfig
+from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.executor import Executor, create_executor
 from workers.inputs import EngineInput, InputChecker
 from workers.output_processor import (
     delta_output,
     final_output,
     finish_abort,
+    finish_out_of_cache,
     new_output_state,
     process_token,
 )
 from workers.outputs import RequestMetrics, RequestOutput, RequestOutputKind
 from workers.request import Request, Seq, SeqStatus
 from workers.sampling_params import SamplingParams
-from workers.scheduler import Scheduler
+from workers.scheduler import Scheduler, SchedulerOutput
 from workers.stats import EngineStats
 from workers.step import CachedSeq, NewSeq, StepInput
 
@@ -40,9 +41,18 @@ class LLMEngine:
     ) -> None:
         from workers.tokenizer import Tokenizer
 
-        self.config = config
         self.tokenizer = Tokenizer.from_pretrained(config.model.path)
         self.executor = executor or create_executor(config, progress=progress)
+        # Only now is the KV cache sized: max_model_len must fit it (capped, or an error for
+        # an explicit max_model_len; see fit_to_kv_cache).
+        kv_cache_tokens = self.executor.num_blocks * config.cache.block_size
+        try:
+            config = fit_to_kv_cache(config, kv_cache_tokens)
+        except ValueError:
+            if executor is None:
+                self.executor.shutdown()  # ours: no ranks or memory left behind
+            raise
+        self.config = config
         self.block_manager = BlockManager(
             self.executor.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
@@ -53,7 +63,9 @@ class LLMEngine:
         self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
             self.tokenizer.eos_token_ids
         )
-        self.input_checker = InputChecker(config.model.vocab_size, config.scheduler.max_model_len)
+        self.input_checker = InputChecker(
+            config.model.vocab_size, config.scheduler.max_model_len, kv_cache_tokens
+        )
         self.num_steps = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -144,8 +156,29 @@ class LLMEngine:
             if seq.on_workers:
                 self._removed.append(seq.seq_id)
                 seq.on_workers = False
-        if not sched.scheduled:
-            return []
+        touched: dict[str, Request] = {}
+        for seq in sched.out_of_cache:
+            log.warning(
+                "%s finished (length): %d tokens do not fit the KV cache (%d tokens)",
+                seq.seq_id,
+                seq.num_tokens,
+                self.block_manager.num_blocks * self.block_manager.block_size,
+            )
+            finish_out_of_cache(seq)
+            self._retire(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        if sched.scheduled:
+            self._execute(sched, touched)
+        outputs: list[RequestOutput] = []
+        for req in touched.values():
+            if req.finished:
+                outputs.append(self._finish_request(req))
+            elif req.params.output_kind is RequestOutputKind.DELTA:
+                outputs.append(self._delta_output(req))
+        return outputs
+
+    def _execute(self, sched: SchedulerOutput, touched: dict[str, Request]) -> None:
+        """Runs the scheduled sequences one step and processes the sampled tokens."""
         step = self._step_input(sched.scheduled)
         result = self.executor.execute(step)
         now = time.monotonic()
@@ -154,7 +187,6 @@ class LLMEngine:
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.commit_full_blocks(seq)
-        touched: dict[str, Request] = {}
         lps = result.logprobs
         for i, (sid, token) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
             seq = self.seqs[sid]
@@ -169,13 +201,6 @@ class LLMEngine:
             if seq.finish_reason is not None:
                 self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs: list[RequestOutput] = []
-        for req in touched.values():
-            if req.finished:
-                outputs.append(self._finish_request(req))
-            elif req.params.output_kind is RequestOutputKind.DELTA:
-                outputs.append(self._delta_output(req))
-        return outputs
 
     def _step_input(self, scheduled: list[tuple[Seq, int]]) -> StepInput:
         step = StepInput(removed=self._removed)

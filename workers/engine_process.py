@@ -68,8 +68,6 @@ class EngineProcess:
         from workers.tokenizer import Tokenizer
 
         self.model_name = config.served_model_name
-        self.max_model_len = config.scheduler.max_model_len
-        self.input_checker = InputChecker(config.model.vocab_size, self.max_model_len)
         ours, theirs = socket.socketpair()
         with theirs:
             self._proc = subprocess.Popen(
@@ -102,6 +100,9 @@ class EngineProcess:
             self._reap(timeout_s=10)  # it is exiting on its own
             why = msg.message if isinstance(msg, EngineFatal) else repr(msg)
             raise EngineDeadError(f"engine process failed to start: {why}")
+        # The child's limits: its max_model_len may have been capped to the KV cache it sized.
+        self.input_checker: InputChecker = msg.input_checker
+        self.max_model_len = msg.input_checker.max_model_len
         log.info("engine process %d ready: %d KV blocks", self.pid, msg.num_blocks)
 
     def start(self, sink: OutputSink) -> None:
@@ -227,7 +228,7 @@ def serve_engine(conn: Connection) -> int:
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(EngineFatal(traceback.format_exc(limit=5)))
         return 1
-    conn.send(EngineReady(engine.block_manager.num_blocks))
+    conn.send(EngineReady(engine.block_manager.num_blocks, engine.input_checker))
     last_stats = None
     try:
         while True:

@@ -1,6 +1,7 @@
 """A request checked once, at the edge, into the engine's own type (`EngineInput`).
 
-`InputChecker` holds the limits of one served model (vocabulary, max_model_len) and is the
+`InputChecker` holds the limits of one served model (vocabulary, max_model_len, and the KV
+cache's capacity for one sequence, which caps max_model_len at start-up) and is the
 only place a request is validated: the ingresses call it before routing, the offline `LLM`
 and `AsyncEngine.generate` call it for raw prompts. Everything behind it (LLMServer, the
 engine cores, `LLMEngine.add_request`) trusts an EngineInput as it is. Errors are ValueErrors
@@ -36,6 +37,20 @@ class InputChecker:
 
     vocab_size: int
     max_model_len: int
+    # Tokens the KV cache holds for one sequence (num_blocks * block_size), when known. The
+    # engine caps max_model_len to it at start-up; here it only names the real limit in errors
+    # (and bounds requests, should a checker be built without that cap).
+    kv_cache_tokens: int | None = None
+
+    def _limit(self) -> tuple[int, str]:
+        """The context limit and how error messages name it."""
+        limit, kv = self.max_model_len, self.kv_cache_tokens
+        if kv is None or kv > limit:
+            return limit, f"max_model_len ({limit})"
+        return kv, (
+            f"max_model_len ({kv}), the KV cache's capacity of {kv} tokens for one sequence "
+            "(a larger KV cache raises it)"
+        )
 
     def check(
         self,
@@ -57,16 +72,14 @@ class InputChecker:
         for t in ids:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
                 raise ValueError(f"{field} token id {t!r} is outside the vocabulary [0, {vocab})")
-        limit = self.max_model_len
+        limit, named = self._limit()
         if len(ids) >= limit:
             raise ValueError(
-                f"{field} is {len(ids)} tokens, which leaves no room to generate within "
-                f"max_model_len ({limit})"
+                f"{field} is {len(ids)} tokens, which leaves no room to generate within {named}"
             )
         if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
             raise ValueError(
-                f"max_tokens ({params.max_tokens}) + {field} length ({len(ids)}) exceeds "
-                f"max_model_len ({limit})"
+                f"max_tokens ({params.max_tokens}) + {field} length ({len(ids)}) exceeds {named}"
             )
         return EngineInput(ids, params, prompt)
 

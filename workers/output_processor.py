@@ -61,6 +61,14 @@ def process_token(seq: Seq, token: int, logprobs: TokenLogprobs | None, max_mode
         st.text.flush()
 
 
+def finish_out_of_cache(seq: Seq) -> None:
+    """The scheduler found seq larger than the whole KV cache: it ends as if at its length
+    limit, keeping what it generated."""
+    if seq.finish_reason is None:
+        seq.finish_reason = "length"
+        seq.out.text.flush()
+
+
 def finish_abort(seq: Seq) -> None:
     if seq.finish_reason is None:
         seq.finish_reason = "abort"

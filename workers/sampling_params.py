@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from workers.outputs import RequestOutputKind
@@ -74,7 +75,13 @@ class SamplingParams:
             raise bad(
                 "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
-        if not _is_num(self.temperature) or self.temperature < 0:
+        # NaN and ±Infinity pass range checks like `>= 0` (or turn logits into NaN): each
+        # float field is first a finite number, named when it is not.
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            if not _is_num(v):
+                raise bad(name, f"must be a finite number, got {v!r}")
+        if self.temperature < 0:
             raise bad("temperature", f"must be >= 0, got {self.temperature!r}")
         if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
@@ -110,5 +117,16 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
 def _is_num(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # NaN != NaN
+    """A finite int or float (not bool, NaN or ±Infinity)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -6,6 +6,12 @@ budget, `max_num_seqs` and KV blocks last. A long prompt is split across steps, 
 decodes are never starved. When blocks run out, the most recently admitted running
 sequence is preempted: its blocks are freed and it goes back to the front of the queue to
 be recomputed later (reusing whatever the prefix cache still holds).
+
+A sequence the whole cache cannot hold never loops: once it needs more blocks than the cache
+has, or cannot grow (running) or be admitted (waiting) with every other block free, it is
+finished (the engine reports finish_reason "length") and its blocks come back. The engine
+caps max_model_len to the cache (config.fit_to_kv_cache), so this is the safety net, not the
+common path.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from workers.request import Seq, SeqStatus
 class SchedulerOutput:
     scheduled: list[tuple[Seq, int]]  # (sequence, tokens to compute this step)
     preempted: list[Seq] = field(default_factory=list)
+    # Finished here because the whole KV cache cannot hold them (removed, blocks freed).
+    out_of_cache: list[Seq] = field(default_factory=list)
     num_batched_tokens: int = 0
 
 
@@ -62,6 +70,13 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
 
+    def _never_fits(self, num_tokens: int) -> bool:
+        return self.bm.blocks_needed(num_tokens) > self.bm.num_blocks
+
+    def _finish_out_of_cache(self, seq: Seq, out: SchedulerOutput) -> None:
+        self.remove(seq)
+        out.out_of_cache.append(seq)
+
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[])
@@ -71,6 +86,12 @@ class Scheduler:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.bm.allocate(seq, n):
+                if len(self.running) == 1 or self._never_fits(seq.num_computed_tokens + n):
+                    # Larger than the whole cache (or alone, every other block free, and still
+                    # not fitting): it never will, so it ends here instead of preempting the
+                    # others and itself for ever.
+                    self._finish_out_of_cache(seq, out)
+                    break
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
@@ -80,7 +101,7 @@ class Scheduler:
                 budget -= n
                 i += 1
                 continue
-            # seq itself was preempted; the list shifted, do not advance i.
+            # seq itself was preempted or finished; the list shifted, do not advance i.
         # 2. Waiting sequences, in arrival order, unless we just had to preempt.
         now = time.monotonic()
         skipped: list[Seq] = []
@@ -98,7 +119,12 @@ class Scheduler:
             num_cached = len(cached) * self.bm.block_size
             n = min(seq.num_tokens - num_cached, budget)
             if not self.bm.allocate(seq, n, cached):
-                break
+                if self.running and not self._never_fits(seq.num_tokens):
+                    break  # blocks come back as running sequences finish
+                # Larger than the whole cache, or no sequence holds a block and seq still does
+                # not fit: it never will (a sequence preempted after outgrowing the cache).
+                self._finish_out_of_cache(seq, out)
+                continue
             if seq.first_scheduled_time is None:
                 if self.bm.enable_caching:
                     self.bm.record_query(seq.prompt_len, min(num_cached, seq.prompt_len))

@@ -1,9 +1,16 @@
 """`kvray serve`: start (or join) Ray, deploy the kvray application, serve until Ctrl-C/SIGTERM.
 
 With no flags: a local Ray instance, the built-in demo model, HTTP on 127.0.0.1:8000 (OpenAI
-API), gRPC on 127.0.0.1:9000, Ray metrics on :8080. Shutdown is graceful: Serve lets in-flight
-requests finish (up to the deployments' graceful_shutdown_timeout_s), then Ray stops; a second
-signal exits at once.
+API), gRPC on 127.0.0.1:9000, Ray metrics on :8080.
+
+Start-up checks every port a local instance will bind (HTTP, gRPC, metrics, HAProxy's and
+Serve's fallback proxy's) first: a taken one is a one-line error naming it and its holder,
+exit 1; Serve's HAProxy left behind by a killed Ray instance is stopped (cluster/cli/ports.py).
+
+Ctrl-C and SIGTERM (containers, systemd) stop the same way: the application is deleted first,
+so Serve takes its ingress replicas out of HAProxy (new requests are refused) and lets
+in-flight ones finish, for up to --drain-timeout-s; then Serve and Ray stop, and any HAProxy
+of this instance still running is stopped. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -19,6 +26,13 @@ from types import FrameType
 
 from cluster.cli.config import APP_NAME
 from cluster.cli.flags import add_serve_flags, api_key_from, config_from_flags
+from cluster.cli.ports import (
+    Listener,
+    check_ports,
+    haproxy_config_dir,
+    serve_haproxies,
+    stop_processes,
+)
 from cluster.config import ServeConfig
 from cluster.serve_env import SERVE_ENV, apply_serve_env
 
@@ -30,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address",
         help="join an existing Ray cluster (e.g. 'auto' or HOST:6379) instead of starting one",
+    )
+    parser.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=30.0,
+        help="on Ctrl-C/SIGTERM, how long in-flight requests get to finish before the "
+        "replicas are stopped (default %(default)s)",
     )
 
 
@@ -47,25 +68,53 @@ def run(args: argparse.Namespace) -> int:
         # Before anything imports ray.serve: this process starts the local Serve instance and
         # every Ray process inherits its environment.
         apply_serve_env()
+        problem = check_ports(local_listeners(args))
+        if problem:
+            print(f"kvray serve: {problem}", file=sys.stderr)
+            return 1
+    # SIGTERM while starting is Ctrl-C while starting (Ray's own handler would exit at once).
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         start(config, args, api_key)
-    except KeyboardInterrupt:  # Ctrl-C while Ray starts or the application deploys
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while Ray starts or the application deploys
         logger.info("interrupted while starting: stopping")
-        _shutdown(args.address)
+        _shutdown(args.address, drain_timeout_s=0.0)
         return 130
     except Exception as err:
         logger.error("could not start kvray: %s", err)
-        _shutdown(args.address)
+        _shutdown(args.address, drain_timeout_s=0.0)
         return 1
-    # After ray.init, which installs its own SIGTERM handler (exit at once) in drivers.
     stop = _install_signal_handlers()
     print(banner(config, args, api_key is not None), flush=True)
     while not stop.wait(1.0):
         pass
-    logger.info("signal received: stopping (in-flight requests get up to 30 s to finish)")
-    _shutdown(args.address)
+    logger.info(
+        "signal received: refusing new requests, in-flight ones get up to %.0f s to finish",
+        args.drain_timeout_s,
+    )
+    _shutdown(args.address, drain_timeout_s=args.drain_timeout_s)
     logger.info("stopped")
     return 0
+
+
+def local_listeners(args: argparse.Namespace) -> list[Listener]:
+    """The ports a local instance binds (Serve's own from the environment apply_serve_env
+    set: HAProxy's only when HAProxy is on)."""
+    ports = [
+        Listener("HTTP", args.port),
+        Listener("gRPC", args.grpc_port),
+        Listener("metrics", args.metrics_port),
+        Listener("Serve fallback proxy HTTP", _env_port("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT")),
+        Listener("Serve fallback proxy gRPC", _env_port("RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")),
+    ]
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        ports.append(Listener("HAProxy stats", _env_port("RAY_SERVE_HAPROXY_STATS_PORT")))
+        ports.append(Listener("HAProxy metrics", _env_port("RAY_SERVE_HAPROXY_METRICS_PORT")))
+    return ports
+
+
+def _env_port(key: str) -> int:
+    return int(os.environ[key])
 
 
 def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) -> None:
@@ -89,6 +138,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
         ray.init(
             address=args.address, runtime_env=runtime_env or None, logging_level=logging.WARNING
         )
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
     else:
         # Each engine replica reserves one CPU per TP rank; a small machine still runs them.
         replicas = config.max_replicas or config.min_replicas or config.num_replicas
@@ -106,6 +156,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
             logging_level=logging.WARNING,
             _metrics_export_port=args.metrics_port,
         )
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
         if config.model is None:
             from workers.demo import demo_model_dir
 
@@ -159,6 +210,10 @@ def _replica_text(config: ServeConfig) -> str:
     return f"{auto['min_replicas']}-{auto['max_replicas']}" if auto else str(config.num_replicas)
 
 
+def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def _install_signal_handlers() -> threading.Event:
     stop = threading.Event()
 
@@ -173,17 +228,43 @@ def _install_signal_handlers() -> threading.Event:
     return stop
 
 
-def _shutdown(address: str | None) -> None:
+def _shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
 
     if not ray.is_initialized():
         return
+    node_id = ray.get_runtime_context().get_node_id()
     try:
-        if address:
-            serve.delete(APP_NAME)  # a shared cluster keeps Serve and its other apps
-        else:
-            serve.shutdown()
+        if address:  # a shared cluster keeps Serve and its other apps
+            if drain_timeout_s > 0:
+                _drain(drain_timeout_s)  # Serve finishes deleting it if this times out
+            else:
+                serve.delete(APP_NAME)
+        elif drain_timeout_s <= 0 or _drain(drain_timeout_s):
+            serve.shutdown()  # no replicas left (once drained): stops the rest at once
     except Exception as err:  # shutting down anyway
         logger.warning("serve shutdown: %s", err)
     ray.shutdown()
+    if not address:
+        # An HAProxy whose manager was killed (drain timed out, or a crash) outlives Ray.
+        left = serve_haproxies(os.path.join(haproxy_config_dir(), node_id))
+        if left:
+            logger.info("stopping %d HAProxy process(es) left by Serve", len(left))
+            stop_processes(left)
+
+
+def _drain(timeout_s: float) -> bool:
+    """Deletes the application and waits up to timeout_s for Serve to finish that: HAProxy
+    stops routing to its replicas at once, each replica finishes its in-flight requests
+    (up to its graceful_shutdown_timeout_s). Whether the application is gone."""
+    from ray import serve
+
+    serve.delete(APP_NAME, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while APP_NAME in serve.status().applications:
+        if time.monotonic() >= deadline:
+            logger.warning("drain timeout (%.0f s): stopping the replicas now", timeout_s)
+            return False
+        time.sleep(0.5)
+    return True

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.errors import InvalidRequestError, ModelNotFoundError
 from cluster.ingress import checks
+from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from kvray.v1 import llm_pb2
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
@@ -55,6 +56,7 @@ def input_kind(req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest) -> str | 
 
 def prompt_input(
     req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> tuple[str, str | list[int] | list[dict[str, str]]]:
     """The `input` oneof as (kind, value): text, token ids, or chat messages as dicts."""
     kind = input_kind(req)
@@ -67,20 +69,26 @@ def prompt_input(
             raise InvalidRequestError("token_ids", "token_ids.ids must hold at least one token id")
         return kind, list(req.token_ids.ids)
     if kind == "chat":
-        return kind, chat_messages(req.chat)
+        return kind, chat_messages(req.chat, limits)
     raise InvalidRequestError("input", "set one of the input fields (text, token_ids, chat)")
 
 
-def sampling_params(req: llm_pb2.GenerateRequest, *, stream: bool) -> SamplingParams:
-    """The engine's SamplingParams for a request (validated; output kind as `stream` needs)."""
+def sampling_params(
+    req: llm_pb2.GenerateRequest, *, stream: bool, limits: RequestLimits = DEFAULT_LIMITS
+) -> SamplingParams:
+    """The engine's SamplingParams for a request (validated, within `limits`; output kind as
+    `stream` needs)."""
     return checks.sampling_params(
-        sampling_kwargs(req, chat=input_kind(req) == "chat"), stream=stream
+        sampling_kwargs(req, chat=input_kind(req) == "chat"), stream=stream, limits=limits
     )
 
 
-def chat_messages(chat: llm_pb2.ChatMessages) -> list[dict[str, str]]:
+def chat_messages(
+    chat: llm_pb2.ChatMessages, limits: RequestLimits = DEFAULT_LIMITS
+) -> list[dict[str, str]]:
     if not chat.messages:
         raise InvalidRequestError("chat.messages", "chat.messages must hold at least one message")
+    limits.check_messages(len(chat.messages), "chat.messages")
     for i, m in enumerate(chat.messages):
         if m.role not in CHAT_ROLES:
             raise InvalidRequestError(

@@ -113,6 +113,7 @@ class GrpcIngress:
 
         from cluster.grpc_api.servicer import LLMServicer
         from cluster.ingress.auth import ApiKeyAuth
+        from cluster.ingress.limits import RequestLimits
         from cluster.server.llm_server import resolve_model_dir
         from cluster.server.metrics import RouterMetrics
         from kvray.v1 import llm_pb2_grpc
@@ -127,6 +128,7 @@ class GrpcIngress:
             served_model=config.model_name(),
             auth=ApiKeyAuth.from_env(config.api_key_env),
             metrics=RouterMetrics(),
+            limits=RequestLimits.from_config(config),
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING

@@ -32,6 +32,7 @@ from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import convert as conv
 from cluster.ingress import checks
 from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.token_text import TokenStrings
@@ -61,7 +62,14 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     """The four RPCs. `llm` is a DeploymentHandle to LLMServer."""
 
     def __init__(
-        self, llm: Any, tokenizer: Any, *, served_model: str, auth: ApiKeyAuth, metrics: Any = None
+        self,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        served_model: str,
+        auth: ApiKeyAuth,
+        metrics: Any = None,
+        limits: RequestLimits = DEFAULT_LIMITS,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
         self._client = LLMClient(llm)
@@ -71,6 +79,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self._served_model = served_model
         self._auth = auth
         self._metrics = metrics  # cluster.server.metrics.RouterMetrics, or None (unit use)
+        self._limits = limits  # ServeConfig's request bounds, as the HTTP ingress applies them
 
     # -- RPCs ------------------------------------------------------------------------------
 
@@ -108,7 +117,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> llm_pb2.TokenizeResponse:
         async def body() -> llm_pb2.TokenizeResponse:
             conv.check_model(request.model, self._served_model)
-            ids = await self._tokens(*conv.prompt_input(request))
+            ids = await self._tokens(*conv.prompt_input(request, self._limits))
             card = await self.model_card()
             return llm_pb2.TokenizeResponse(
                 token_ids=ids, count=len(ids), max_model_len=card["max_model_len"]
@@ -142,8 +151,8 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> tuple[GenerateRequest, conv.ResponseContext]:
         """The checked engine request (errors name the field) and how to answer it."""
         conv.check_model(request.model, self._served_model)
-        kind, value = conv.prompt_input(request)
-        params = conv.sampling_params(request, stream=stream)
+        kind, value = conv.prompt_input(request, self._limits)
+        params = conv.sampling_params(request, stream=stream, limits=self._limits)
         ids = await self._tokens(kind, value)
         # "prompt" errors of the check name the input member the client set (see status_for).
         inp = checks.engine_input(await self._client.input_checker(), ids, params)

@@ -21,16 +21,18 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import ServeConfig
 from cluster.errors import InvalidRequestError, KvrayError, ModelNotFoundError, QueueFullError
 from cluster.http import streams
 from cluster.http.format import Formatter
+from cluster.http.guard import RequestGuard
 from cluster.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -39,6 +41,7 @@ from cluster.http.protocol import (
 )
 from cluster.ingress import checks
 from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.token_text import TokenStrings
@@ -68,11 +71,16 @@ class OpenAIIngress:
         self.token_strings = TokenStrings.of(tokenizer)
         self.client = LLMClient(llm)
         self.auth = ApiKeyAuth.from_env(config.api_key_env)
+        self.limits = RequestLimits.from_config(config)
         self.metrics = RouterMetrics()
         logger.info("OpenAIIngress ready: model=%s auth=%s", self.model, self.auth.enabled)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return StatusCounter(build_api(self), self.metrics)
+        # Auth and the body-size bound run before FastAPI reads the body (cluster/http/guard.py).
+        guarded = RequestGuard(
+            build_api(self), self.auth, self.config.max_request_body_bytes, self.metrics
+        )
+        return StatusCounter(guarded, self.metrics)
 
     # -- pieces the routes use ---------------------------------------------------------------
 
@@ -118,16 +126,10 @@ class OpenAIIngress:
 
 
 def build_api(ingress: OpenAIIngress) -> FastAPI:
-    """The FastAPI app of one ingress replica; routes close over `ingress`."""
+    """The FastAPI app of one ingress replica; routes close over `ingress`. The API key and
+    body size are checked in front of it (RequestGuard)."""
 
-    async def authorize(request: Request) -> None:
-        # The path below the app's route prefix (Serve passes the prefix as root_path).
-        path, root = request.scope.get("path", ""), request.scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :] or "/"
-        ingress.auth.check_path(path, request.headers.get("authorization"))
-
-    app = FastAPI(title="kvray", dependencies=[Depends(authorize)])
+    app = FastAPI(title="kvray")
 
     @app.exception_handler(KvrayError)
     async def _kvray_error(_: Request, err: KvrayError) -> JSONResponse:
@@ -136,6 +138,15 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
         return error_response(validation_to_invalid(err), ingress.metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own errors (404 unknown route, 405 wrong method) in OpenAI's format.
+        return JSONResponse(
+            http_error_body(err.status_code, str(err.detail)),
+            status_code=err.status_code,
+            headers=getattr(err, "headers", None),
+        )
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -169,8 +180,10 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
         ingress.check_model(body.model)
-        params = body.sampling_params()
-        prompts = [await ingress.prompts.prompt(p) for p in body.prompts()]
+        params = body.sampling_params(ingress.limits)
+        batch = body.prompts()
+        ingress.limits.check_prompts(len(batch))
+        prompts = await ingress.prompts.batch(batch)
         fmt = Formatter(
             "completion",
             f"cmpl-{uuid.uuid4().hex}",
@@ -184,7 +197,8 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
         ingress.check_model(body.model)
-        params = body.sampling_params()
+        ingress.limits.check_messages(len(body.messages))
+        params = body.sampling_params(ingress.limits)
         ids = await ingress.prompts.chat(body.template_messages(), body.add_generation_prompt)
         top = (body.top_logprobs or 0) if body.logprobs else None
         fmt = Formatter(
@@ -202,6 +216,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         ingress.check_model(body.model)
         if body.messages is not None:
+            ingress.limits.check_messages(len(body.messages))
             ids = await ingress.prompts.chat(
                 [m.as_template_input() for m in body.messages], body.add_generation_prompt
             )
@@ -216,7 +231,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         ingress.check_model(body.model)
         ids = ingress.prompts.token_ids(body.tokens, "tokens")
-        return {"prompt": ingress.prompts.tokenizer.decode(ids)}
+        return {"prompt": await ingress.prompts.decode(ids)}
 
     return app
 
@@ -234,12 +249,22 @@ def error_response(err: KvrayError, metrics: Any) -> JSONResponse:
     return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)
 
 
+def http_error_body(status: int, message: str) -> dict[str, Any]:
+    """OpenAI's error body for an HTTP error that is not a KvrayError (404, 405, ...)."""
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(status)
+    if kind is None:
+        kind = "invalid_request_error" if 400 <= status < 500 else "internal_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
 def validation_to_invalid(err: RequestValidationError) -> InvalidRequestError:
     """A pydantic error -> 400 naming the field (dotted path below the body)."""
     errors = err.errors()
     if not errors:
         return InvalidRequestError(None, "invalid request body")
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc is ("body", offset): no field to name
+        return InvalidRequestError(None, f"the body is not valid JSON: {first.get('msg', '')}")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     # Union members add their type name to the path (e.g. prompt.str); keep the field only.
     field = loc[0] if loc else None

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cluster.errors import InvalidRequestError
 from cluster.ingress import checks
+from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 
@@ -49,10 +50,11 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, limits: RequestLimits = DEFAULT_LIMITS) -> SamplingParams:
         """The engine's SamplingParams, validated, with the output kind `stream` needs;
-        an unsupported or bad value raises InvalidRequestError naming the field."""
-        return checks.sampling_params(self.sampling_kwargs(), stream=self.stream)
+        an unsupported or bad value, or one over `limits`, raises InvalidRequestError naming
+        the field."""
+        return checks.sampling_params(self.sampling_kwargs(), stream=self.stream, limits=limits)
 
     def sampling_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -2,7 +2,8 @@
 
 `sampling_params` builds the engine's SamplingParams (which validates itself) with the
 output kind the client's call needs: deltas while it streams, the final output only when it
-does not, so the engine builds nothing that would be thrown away. `engine_input` checks the
+does not, so the engine builds nothing that would be thrown away; the request's size
+bounds (`RequestLimits`: n, stop lists) are checked first. `engine_input` checks the
 prompt's token ids against the served model (vocabulary, max_model_len with max_tokens)
 through the engine's own InputChecker. Both raise InvalidRequestError naming the field
 (HTTP 400, gRPC INVALID_ARGUMENT) before anything is routed; LLMServer and the engine trust
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cluster.errors import invalid_from_value_error
+from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from workers.inputs import EngineInput, InputChecker
 from workers.outputs import RequestOutputKind
 from workers.sampling_params import SamplingParams
@@ -28,8 +30,11 @@ def is_streamed(params: SamplingParams) -> bool:
     return params.output_kind is RequestOutputKind.DELTA
 
 
-def sampling_params(kwargs: Mapping[str, Any], *, stream: bool) -> SamplingParams:
+def sampling_params(
+    kwargs: Mapping[str, Any], *, stream: bool, limits: RequestLimits = DEFAULT_LIMITS
+) -> SamplingParams:
     """SamplingParams from an ingress's keyword arguments; a bad value names its field."""
+    limits.check_sampling(kwargs)
     try:
         return SamplingParams(**kwargs, output_kind=output_kind(stream))
     except ValueError as err:

@@ -62,7 +62,9 @@ class LLMClient:
         if self._checker is None:
             card = await self.model_card()
             self._checker = InputChecker(
-                vocab_size=int(card["vocab_size"]), max_model_len=int(card["max_model_len"])
+                vocab_size=int(card["vocab_size"]),
+                max_model_len=int(card["max_model_len"]),
+                kv_cache_tokens=card.get("kv_cache_tokens"),
             )
         return self._checker
 

@@ -159,6 +159,7 @@ class LLMServer:
             "id": self._model_name,
             "max_model_len": self.max_model_len,
             "vocab_size": self._engine.input_checker.vocab_size,
+            "kv_cache_tokens": self._engine.input_checker.kv_cache_tokens,
             "created": self._created,
         }
 

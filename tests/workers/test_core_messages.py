@@ -10,7 +10,7 @@ import pytest
 
 from workers import core_messages as m
 from workers.config import EngineArgs
-from workers.inputs import EngineInput
+from workers.inputs import EngineInput, InputChecker
 from workers.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from workers.sampling_params import SamplingParams
 from workers.stats import EngineStats
@@ -39,7 +39,7 @@ def _examples(demo_dir) -> list[object]:  # noqa: ANN001
         m.AddRequest("r1", inp, 12.5),
         m.AbortRequest("r1"),
         m.StopEngine(),
-        m.EngineReady(128),
+        m.EngineReady(128, InputChecker(vocab_size=4096, max_model_len=2048, kv_cache_tokens=2048)),
         m.StepResult([OUT, FINAL], EngineStats(num_steps=3), [5, 1]),
         m.RequestRejected("r1", "request_id 'r1' is already in use", True),
         m.EngineFatal("Traceback ..."),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,18 @@ def test_child_exits_when_its_parent_is_killed(demo_dir, tmp_path) -> None:
         parent.kill()
         parent.wait()
     assert _wait_gone(child), "the engine process outlived its parent"
+
+
+def test_limits_come_from_the_child_after_it_sized_the_kv_cache(checkpoints) -> None:
+    """The child caps max_model_len to its KV cache; the parent checks requests against that."""
+    # The tiny mistral checkpoint's 16-token blocks are 8 KiB: 4 blocks, 64 tokens (of 512).
+    tiny = EngineArgs(model=str(checkpoints["mistral"]), kv_cache_memory_bytes=32 * 1024)
+    eng = AsyncEngine(tiny, process=True)
+    try:
+        assert eng.max_model_len == 64 and eng.input_checker.kv_cache_tokens == 64
+        with pytest.raises(ValueError, match="capacity of 64 tokens"):
+            eng.input_checker.check([5] * 10, SamplingParams(max_tokens=60))
+    finally:
+        eng.shutdown()
+    with pytest.raises(EngineDeadError, match=r"max_model_len \(256\) is larger than the 64"):
+        AsyncEngine(replace(tiny, max_model_len=256), process=True)

@@ -67,8 +67,16 @@ def test_prompt_that_can_never_fit_fails_at_once(demo_dir) -> None:
     llm = LLM(str(demo_dir), kv_cache_memory_bytes=4 * 65536)  # 64 tokens of KV
     import pytest
 
-    with pytest.raises(ValueError, match="never fit"):
+    # Checked at the edge: max_model_len was capped to the cache, and the error names it.
+    with pytest.raises(ValueError, match=r"^prompt .*KV cache's capacity of 64 tokens"):
         llm.generate([_ids(100, 1)], GREEDY, use_tqdm=False)
+    # A trusted input past that check is still refused by the engine, before it runs.
+    from workers.inputs import InputChecker
+
+    inp = InputChecker(llm.engine.vocab_size, 4096).check(_ids(100, 1), GREEDY)
+    with pytest.raises(ValueError, match="never fit"):
+        llm.engine.add_request("too-long", inp)
+    assert not llm.engine.has_unfinished()
 
 
 def test_chunked_prefill_identical(demo_dir) -> None:

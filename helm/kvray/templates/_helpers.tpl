@@ -82,6 +82,9 @@ names the values involved.
 {{- fail (printf "worker.resources.limits.cpu (%s) must be >= engine.tensorParallelSize (%d): an engine replica reserves one CPU per tensor-parallel rank on its pod" $cpu $tp) }}
 {{- end }}
 {{- end }}
+{{- if and .Values.rayAuth.enabled (semverCompare "<2.52.0-0" .Values.ray.version) }}
+{{- fail (printf "rayAuth.enabled needs Ray >= 2.52.0 (ray.version is %s): set rayAuth.enabled=false or upgrade Ray" .Values.ray.version) }}
+{{- end }}
 {{- if and (eq .Values.model.volume.type "none") .Values.model.initContainers }}
 {{- fail "model.initContainers need a volume to fill: set model.volume.type (e.g. emptyDir)" }}
 {{- end }}

@@ -23,6 +23,10 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
+  {{- with $v.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- with $v.imagePullSecrets }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
@@ -33,7 +37,13 @@ spec:
   {{- if and (ne $vol.type "none") $v.model.initContainers }}
   initContainers:
     {{- range $v.model.initContainers }}
-    - {{- omit . "volumeMounts" | toYaml | nindent 6 }}
+    {{- /* The chart's container securityContext, with the init container's own keys winning. */}}
+    {{- $sc := merge (deepCopy (default dict .securityContext)) (deepCopy $v.securityContext) }}
+    - {{- omit . "volumeMounts" "securityContext" | toYaml | nindent 6 }}
+      {{- with $sc }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       volumeMounts:
         - name: model
           mountPath: {{ $vol.mountPath }}
@@ -47,6 +57,10 @@ spec:
     - name: {{ ternary "ray-head" "ray-worker" $isHead }}
       image: {{ include "kvray.image" $root }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
+      {{- with $v.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       ports:
         {{- if $isHead }}
         - name: gcs-server
@@ -86,6 +100,10 @@ spec:
           value: "1"
         - name: RAY_SERVE_ENABLE_HA_PROXY
           value: "1"
+        {{- /* The key goes to the Ray container only (not init containers, not KubeRay's
+        autoscaler sidecar): its readers are the HTTP ingress replicas, which take no CPU and
+        no placement constraint so Ray may place them on the head or on any engine pod
+        (cluster/app.py ingress_options), and the gRPC ingress, pinned to the head. */}}
         {{- if $secret }}
         - name: {{ $v.apiKey.envName }}
           valueFrom:

@@ -1,5 +1,8 @@
 """`kvray serve`: flags and banner, and the real command joining a Ray cluster (--address),
-serving with an API key, and stopping cleanly on SIGTERM or on Ctrl-C while it deploys."""
+serving with an API key, and stopping cleanly on SIGTERM or on Ctrl-C while it deploys; on
+its own Ray instance: a taken port is a one-line error, SIGTERM drains an in-flight stream and
+leaves no process behind, and a start after Ray's processes were killed (HAProxy left over)
+works."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import contextlib
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,11 +19,14 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from cluster.cli import serve as serve_cmd
 from cluster.cli.flags import config_from_flags
-from tests.cluster.serve_helpers import KV_CACHE_BYTES, ServePorts
+from cluster.cli.ports import port_in_use, serve_haproxies
+from cluster.serve_env import LOCAL_PORT_KEYS
+from tests.cluster.serve_helpers import KV_CACHE_BYTES, ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -85,17 +92,27 @@ class ServeProcess:
     """`kvray serve --address` joining this session's Ray cluster, as a child process whose
     output a thread reads line by line; leaving the `with` block kills it if still running."""
 
-    def __init__(self, ports: ServePorts, *flags: str, env: dict[str, str] | None = None) -> None:
-        import ray
+    def __init__(
+        self,
+        ports: ServePorts,
+        *flags: str,
+        env: dict[str, str] | None = None,
+        local: bool = False,
+    ) -> None:
+        if local:  # its own Ray instance, choosing its own ports for Serve's other listeners
+            env = {k: v for k, v in (env or os.environ).items() if k not in LOCAL_PORT_KEYS}
+            where = ["--metrics-port", str(free_port())]
+        else:
+            import ray
 
+            where = ["--address", ray.get_runtime_context().gcs_address]
         self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "cluster.cli.main",
                 "serve",
-                "--address",
-                ray.get_runtime_context().gcs_address,
+                *where,
                 "--kv-cache-memory",
                 str(KV_CACHE_BYTES),
                 "--port",
@@ -120,8 +137,12 @@ class ServeProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc.poll() is None:  # a failed test: leave no Ray instance behind
+            _kill([*self.descendants(), psutil.Process(self.proc.pid)])
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process it started (Ray's, replicas, engines, HAProxy), while it runs."""
+        return psutil.Process(self.proc.pid).children(recursive=True)
 
     @property
     def text(self) -> str:
@@ -183,3 +204,122 @@ def test_ctrl_c_while_deploying_stops_cleanly(serve_ports: ServePorts) -> None:
         server.text
     )
     assert "kvray" not in serve.status().applications
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=30)
+
+
+def _haproxy_dirs(procs: list[psutil.Process]) -> set[str]:
+    """The per-node config directories of the Serve HAProxy processes among `procs`."""
+    ours = {p.pid for p in procs}
+    return {
+        os.path.dirname(arg)
+        for p in serve_haproxies()
+        if p.pid in ours
+        for arg in p.cmdline()
+        if arg.endswith("haproxy.cfg")
+    }
+
+
+def _assert_all_gone(procs: list[psutil.Process], haproxy_dirs: set[str]) -> None:
+    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    # HAProxy restarts on every reload: also none started after `procs` was taken.
+    for d in haproxy_dirs:
+        assert not serve_haproxies(d), d
+
+
+def test_a_taken_port_is_a_one_line_error() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in LOCAL_PORT_KEYS}
+        done = subprocess.run(
+            [sys.executable, "-m", "cluster.cli.main", "serve", "--port", str(port)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        f"kvray serve: HTTP port {port} is already in use by pid {os.getpid()} "
+    )
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def _stream(base: str, result: dict[str, object], first_chunk: threading.Event) -> None:
+    body = {"model": "kvray-demo", "prompt": "Once upon a time", "max_tokens": 200,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    chunks = 0
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=300) as r:
+        result["status"] = r.status_code
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                result["done"] = True
+            elif line.startswith("data: "):
+                chunks += 1
+                first_chunk.set()
+    result["chunks"] = chunks
+    first_chunk.set()
+
+
+@pytest.mark.slow
+def test_sigterm_drains_an_in_flight_stream_and_leaves_nothing_running() -> None:
+    ports = ServePorts(http=free_port(), grpc=free_port())
+    with ServeProcess(ports, local=True) as server:
+        server.wait_for("kvray is serving")
+        procs = server.descendants()
+        haproxy_dirs = _haproxy_dirs(procs)
+        assert haproxy_dirs  # it runs behind HAProxy
+        result: dict[str, object] = {}
+        first_chunk = threading.Event()
+        client = threading.Thread(
+            target=_stream, args=(f"http://127.0.0.1:{ports.http}", result, first_chunk)
+        )
+        client.start()
+        assert first_chunk.wait(timeout=120), result
+        server.proc.send_signal(signal.SIGTERM)
+        client.join(timeout=300)
+        assert result.get("status") == 200 and result.get("done"), result
+        assert server.proc.wait(timeout=300) == 0
+    server.read_rest()
+    assert "Traceback" not in server.text, server.text
+    _assert_all_gone(procs, haproxy_dirs)
+
+
+@pytest.mark.slow
+def test_after_rays_processes_are_killed_the_next_serve_starts() -> None:
+    ports = ServePorts(http=free_port(), grpc=free_port())
+    with ServeProcess(ports, local=True) as first:
+        first.wait_for("kvray is serving")
+        # As `ray stop --force` (or a crash) does: every process of it but HAProxy dies.
+        procs = first.descendants()
+        _kill([p for p in procs if "haproxy" not in p.name()] + [psutil.Process(first.proc.pid)])
+        assert port_in_use(ports.http)  # the orphaned HAProxy still holds the HTTP port
+        left_over = [p for p in procs if p.is_running() and "haproxy" in p.name()]
+        assert left_over
+    with ServeProcess(ports, local=True) as second:
+        second.wait_for("kvray is serving")
+        assert "left behind by a Ray instance that is gone" in second.text, second.text
+        assert not any(p.is_running() for p in left_over)
+        procs = second.descendants()
+        haproxy_dirs = _haproxy_dirs(procs)
+        # A third on the same ports: the port is taken by the second's HAProxy, named.
+        env = {k: v for k, v in os.environ.items() if k not in LOCAL_PORT_KEYS}
+        third = subprocess.run(
+            [sys.executable, "-m", "cluster.cli.main", "serve", "--port", str(ports.http),
+             "--grpc-port", str(ports.grpc), "--metrics-port", str(free_port())],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert third.returncode == 1, third
+        line = f"kvray serve: HTTP port {ports.http} is already in use by pid "
+        assert third.stderr.startswith(line) and "haproxy" in third.stderr, third.stderr
+        assert len(third.stderr.strip().splitlines()) == 1, third.stderr
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(timeout=300) == 0
+    _assert_all_gone(procs, haproxy_dirs)

@@ -1,4 +1,4 @@
-"""The Python client's request building (its RPCs run against a real server in test_grpc_api)."""
+"""The Python client's request building (its RPCs run against a real server in test_grpc_*)."""
 
 from __future__ import annotations
 

@@ -87,3 +87,46 @@ def test_long_inputs_are_tokenized_off_the_event_loop(prompts: Prompts, tokenize
     assert small == here and big != here
     long_text = "word " * (OFF_LOOP_CHARS // 5 + 1)
     assert asyncio.run(prompts.text(long_text)) == tokenizer.encode(long_text)
+
+
+class _ThreadRecorder:
+    """The real tokenizer, noting which thread each encode ran on."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.threads: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: Any) -> str:
+        self.threads.append(threading.current_thread().name)
+        return self.tokenizer.decode(ids)
+
+
+def test_a_batch_matches_one_by_one(prompts: Prompts, tokenizer: Any) -> None:
+    batch = ["Once upon a time", [5, 6, 7], "The train"]
+    got = asyncio.run(prompts.batch(batch))
+    assert got == [tokenizer.encode("Once upon a time"), [5, 6, 7], tokenizer.encode("The train")]
+    with pytest.raises(InvalidRequestError, match="prompt must not be empty"):
+        asyncio.run(prompts.batch(["ok", ""]))
+
+
+def test_a_batch_long_in_total_is_tokenized_off_the_event_loop(tokenizer: Any) -> None:
+    # Each prompt is under OFF_LOOP_CHARS; together they are not.
+    recorder = _ThreadRecorder(tokenizer)
+    short = "word " * (OFF_LOOP_CHARS // 5 // 4)
+    loop_thread = threading.current_thread().name  # asyncio.run runs the loop on this thread
+    asyncio.run(Prompts(recorder).batch([short] * 3))
+    assert recorder.threads == [loop_thread] * 3  # under the threshold in total: inline
+    recorder.threads.clear()
+    asyncio.run(Prompts(recorder).batch([short] * 8))
+    assert len(recorder.threads) == 8 and loop_thread not in recorder.threads
+
+
+def test_many_ids_are_decoded_off_the_event_loop(tokenizer: Any) -> None:
+    recorder = _ThreadRecorder(tokenizer)
+    text = asyncio.run(Prompts(recorder).decode([5, 6, 7] * OFF_LOOP_CHARS))
+    assert text == tokenizer.decode([5, 6, 7] * OFF_LOOP_CHARS)
+    assert recorder.threads[0] != threading.current_thread().name

@@ -1,5 +1,5 @@
 """LLMServer's pure helpers; the deployment itself is tested through the APIs
-(test_openai_api.py, test_grpc_api.py) on a real local Ray."""
+(test_openai_api.py, test_grpc_*.py) on a real local Ray."""
 
 from __future__ import annotations
 

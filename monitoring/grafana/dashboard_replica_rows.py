@@ -1,0 +1,229 @@
+"""The dashboard's rows about how the replicas hold up: saturation, prefix cache, errors and
+rejections, and capacity headroom against the measured peak per replica."""
+
+from __future__ import annotations
+
+from dashboard_panels import (
+    ENGINE_REPLICAS,
+    GEN_RATE,
+    MR,
+    OK_CODES,
+    REJECTED_CODES,
+    SERVE,
+    SERVER_ERROR_CODES,
+    M,
+    Panel,
+    Row,
+    Target,
+    code_ratio,
+    rate,
+)
+
+REPLICA_ROWS: tuple[Row, ...] = (
+    Row(
+        "Saturation per replica",
+        (
+            Panel(
+                "Running requests",
+                "Requests in each replica's running batch.",
+                (
+                    Target(
+                        f"max by (replica) (ray_kvray_num_requests_running{{{MR}}})", "{{replica}}"
+                    ),
+                ),
+                width=6,
+            ),
+            Panel(
+                "Waiting requests",
+                "Requests queued in each replica, not yet scheduled. Persistently above 0 means "
+                "the replica is saturated.",
+                (
+                    Target(
+                        f"max by (replica) (ray_kvray_num_requests_waiting{{{MR}}})", "{{replica}}"
+                    ),
+                ),
+                width=6,
+            ),
+            Panel(
+                "KV cache usage",
+                "Fraction of each replica's KV-cache blocks in use.",
+                (
+                    Target(
+                        f"max by (replica) (ray_kvray_kv_cache_usage_ratio{{{MR}}})", "{{replica}}"
+                    ),
+                ),
+                unit="percentunit",
+                width=6,
+                extra_defaults={"min": 0, "max": 1},
+            ),
+            Panel(
+                "Preemptions/s",
+                "Requests preempted per second per replica because KV blocks ran out; their "
+                "work is recomputed later.",
+                (Target(rate("ray_kvray_num_preemptions_total", MR, "replica"), "{{replica}}"),),
+                width=6,
+            ),
+            Panel(
+                "KV cache capacity (blocks)",
+                "Total KV-cache blocks per replica, set by --kv-cache-memory and the model's "
+                "shape.",
+                (Target(f"max by (replica) (ray_kvray_kv_cache_blocks{{{MR}}})", "{{replica}}"),),
+                width=24,
+                height=6,
+            ),
+        ),
+    ),
+    Row(
+        "Prefix cache",
+        (
+            Panel(
+                "Prefix-cache hit ratio",
+                "Share of looked-up prompt tokens found in each replica's prefix cache. The "
+                "prefix-affinity router raises it for shared-prefix traffic.",
+                (
+                    Target(
+                        f"{rate('ray_kvray_prefix_cache_hits_total', MR, 'replica')}"
+                        f" / {rate('ray_kvray_prefix_cache_queries_total', MR, 'replica')}",
+                        "{{replica}}",
+                    ),
+                ),
+                unit="percentunit",
+                extra_defaults={"min": 0, "max": 1},
+            ),
+            Panel(
+                "Prefix-cache tokens/s",
+                "Prompt tokens looked up and found in the prefix cache per second, all replicas.",
+                (
+                    Target(rate("ray_kvray_prefix_cache_queries_total", M), "looked up"),
+                    Target(rate("ray_kvray_prefix_cache_hits_total", M), "hit"),
+                ),
+            ),
+            Panel(
+                "Routing decisions",
+                "Router choices per second: affinity (prefix-preferred replica), load "
+                "(least loaded), fallback (preferred replica saturated).",
+                (Target(rate("ray_kvray_router_routing_total", by="decision"), "{{decision}}"),),
+                unit="reqps",
+            ),
+        ),
+    ),
+    Row(
+        "Errors and rejections",
+        (
+            Panel(
+                "Non-OK responses",
+                "Answers other than 2xx / OK per second by protocol and code: 4xx are client "
+                "errors, 429 / RESOURCE_EXHAUSTED admission control, 5xx server errors.",
+                (
+                    Target(
+                        rate(
+                            "ray_kvray_router_requests_total",
+                            f'code!~"{OK_CODES}"',
+                            "protocol, code",
+                        )
+                        # A flat 0 labelled "none" while every answer was OK.
+                        + ' or label_replace(vector(0), "code", "none", "", "")',
+                        "{{protocol}} {{code}}",
+                    ),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Rejected and failed ratio",
+                "Share of requests rejected as overloaded (429 / RESOURCE_EXHAUSTED) and failed "
+                "with a server error. The alert rules fire above 5% and 1%.",
+                (
+                    Target(code_ratio(REJECTED_CODES), "rejected (429)"),
+                    Target(code_ratio(SERVER_ERROR_CODES), "server error (5xx)"),
+                ),
+                unit="percentunit",
+            ),
+            Panel(
+                "Rejections by reason",
+                "Requests turned away before reaching an engine, by reason (e.g. the bounded "
+                "waiting queue is full).",
+                (Target(rate("ray_kvray_router_rejected_total", by="reason"), "{{reason}}"),),
+                unit="reqps",
+            ),
+        ),
+    ),
+    Row(
+        "Capacity and headroom",
+        (
+            Panel(
+                "Utilisation",
+                "Current output tokens/s over what the running engine replicas sustain at peak "
+                "(the 'Peak output tokens/s per replica' variable, measured with "
+                "`kvray bench serve`).",
+                (Target(f"{GEN_RATE} / ({ENGINE_REPLICAS} * $peak_tokens_per_replica)"),),
+                unit="percentunit",
+                kind="stat",
+                width=6,
+                height=5,
+                extra_defaults={
+                    "thresholds": {
+                        "mode": "absolute",
+                        "steps": [
+                            {"color": "green", "value": None},
+                            {"color": "orange", "value": 0.7},
+                            {"color": "red", "value": 0.9},
+                        ],
+                    }
+                },
+            ),
+            Panel(
+                "Replicas needed now",
+                "Replicas the current output token rate needs at the measured peak per replica.",
+                (Target(f"ceil({GEN_RATE} / $peak_tokens_per_replica)"),),
+                kind="stat",
+                width=6,
+                height=5,
+            ),
+            Panel(
+                "Replicas needed for target",
+                "Replicas the 'Target load' variable (output tokens/s) needs at the measured peak "
+                "per replica.",
+                (Target("ceil(vector($target_tokens_per_s / $peak_tokens_per_replica))"),),
+                kind="stat",
+                width=6,
+                height=5,
+            ),
+            Panel(
+                "Replicas to add for target",
+                "Replicas needed for the target load minus the engine replicas running now "
+                "(0 when there is enough).",
+                (
+                    Target(
+                        "clamp_min(ceil(vector($target_tokens_per_s / $peak_tokens_per_replica))"
+                        f" - scalar({ENGINE_REPLICAS}), 0)"
+                    ),
+                ),
+                kind="stat",
+                width=6,
+                height=5,
+            ),
+            Panel(
+                "Output tokens/s per replica vs peak",
+                "Each replica's output token rate against its measured peak: the gap is the "
+                "headroom left on that replica.",
+                (
+                    Target(rate("ray_kvray_generation_tokens_total", MR, "replica"), "{{replica}}"),
+                    Target("vector($peak_tokens_per_replica)", "peak per replica"),
+                ),
+                width=12,
+            ),
+            Panel(
+                "Replica count",
+                "Engine replicas reporting metrics against Ray Serve's healthy and target "
+                "replica counts for the LLM deployment.",
+                (
+                    Target(ENGINE_REPLICAS, "engine replicas reporting"),
+                    Target(f"sum(ray_serve_deployment_replica_healthy{{{SERVE}}})", "healthy"),
+                    Target(f"max(ray_serve_autoscaling_target_replicas{{{SERVE}}})", "target"),
+                ),
+                width=12,
+                extra_defaults={"decimals": 0},
+            ),
+        ),
+    ),
+)

@@ -1,0 +1,143 @@
+"""RequestGuard: the API key and the body-size bound, before the app reads the body.
+
+Driven as ASGI directly (no server): `receive` records how much of the body was pulled, so a
+test can tell that a refused request's body was never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from cluster.http.guard import RequestGuard, api_path
+from cluster.ingress.auth import ApiKeyAuth
+
+KEY = "sk-test"
+LIMIT = 1000
+
+
+async def echo_app(scope: dict, receive: Any, send: Any) -> None:
+    """A real ASGI app: answers with the size of the body it read."""
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = json.dumps({"read": size}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Call:
+    """One request through the guard, with a body sent in chunks."""
+
+    def __init__(self, chunks: list[bytes], headers: dict[str, str], path: str = "/v1/completions"):
+        self.chunks = list(chunks)
+        self.pulled = 0  # body messages the guard (or the app) asked for
+        self.sent: list[dict] = []
+        self.scope = {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "root_path": "",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        }
+
+    async def receive(self) -> dict:
+        if not self.chunks:
+            await asyncio.Event().wait()  # nothing more: a real server waits for disconnect
+        self.pulled += 1
+        chunk = self.chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(self.chunks)}
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+    def run(self, auth: ApiKeyAuth) -> tuple[int, dict]:
+        guard = RequestGuard(echo_app, auth, LIMIT)
+        asyncio.run(guard(self.scope, self.receive, self.send))
+        status = self.sent[0]["status"]
+        return status, json.loads(self.sent[1]["body"])
+
+
+def _openai_error(body: dict, status: int) -> dict:
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    return err
+
+
+def test_no_key_is_401_without_reading_the_body() -> None:
+    call = Call([b"x" * 100] * 50, {"content-length": "5000"})
+    status, body = call.run(ApiKeyAuth(KEY))
+    assert status == 401 and call.pulled == 0
+    assert _openai_error(body, 401)["type"] == "authentication_error"
+
+
+def test_wrong_key_is_401_even_for_a_small_body() -> None:
+    call = Call([b"{}"], {"authorization": "Bearer nope"})
+    assert call.run(ApiKeyAuth(KEY))[0] == 401 and call.pulled == 0
+
+
+def test_declared_oversize_is_413_without_reading() -> None:
+    call = Call([b"x" * 2000], {"authorization": f"Bearer {KEY}", "content-length": "2000"})
+    status, body = call.run(ApiKeyAuth(KEY))
+    assert status == 413 and call.pulled == 0
+    err = _openai_error(body, 413)
+    assert "max_request_body_bytes" in err["message"] and str(LIMIT) in err["message"]
+
+
+def test_streamed_oversize_is_413_once_past_the_limit() -> None:
+    # Chunked (no Content-Length): reading stops at the chunk that passes the limit.
+    call = Call([b"x" * 400] * 10, {"authorization": f"Bearer {KEY}"})
+    status, body = call.run(ApiKeyAuth(KEY))
+    assert status == 413 and call.pulled == 3
+    _openai_error(body, 413)
+
+
+def test_a_body_within_the_limit_reaches_the_app_whole() -> None:
+    call = Call([b"x" * 300] * 3 + [b"x" * 100], {"authorization": f"Bearer {KEY}"})
+    assert call.run(ApiKeyAuth(KEY)) == (200, {"read": LIMIT})
+
+
+def test_probes_are_open_and_auth_off_without_a_key() -> None:
+    assert Call([b""], {}, path="/health").run(ApiKeyAuth(KEY)) == (200, {"read": 0})
+    assert Call([b"abc"], {}).run(ApiKeyAuth(None)) == (200, {"read": 3})
+
+
+def test_docs_are_behind_the_key() -> None:
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert Call([b""], {}, path=path).run(ApiKeyAuth(KEY))[0] == 401
+
+
+def test_path_is_below_the_route_prefix() -> None:
+    assert api_path({"path": "/main/health", "root_path": "/main"}) == "/health"
+    assert api_path({"path": "/main", "root_path": "/main"}) == "/"
+    assert api_path({"path": "/v1/models", "root_path": ""}) == "/v1/models"
+
+
+@pytest.mark.parametrize("length", ["abc", "-1"])
+def test_a_malformed_content_length_falls_back_to_counting(length: str) -> None:
+    call = Call([b"x" * 2000], {"authorization": f"Bearer {KEY}", "content-length": length})
+    assert call.run(ApiKeyAuth(KEY))[0] == 413
+
+
+def test_through_an_http_client() -> None:
+    async def main() -> list[int]:
+        guard = RequestGuard(echo_app, ApiKeyAuth(KEY), LIMIT)
+        transport = httpx.ASGITransport(app=guard)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            auth = {"authorization": f"Bearer {KEY}"}
+            return [
+                (await client.post("/v1/completions", content=b"x" * 10)).status_code,
+                (await client.post("/v1/completions", content=b"x" * 10, headers=auth)).status_code,
+                (
+                    await client.post("/v1/completions", content=b"x" * 5000, headers=auth)
+                ).status_code,
+            ]
+
+    assert asyncio.run(main()) == [401, 200, 413]

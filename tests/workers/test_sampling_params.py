@@ -1,0 +1,38 @@
+"""SamplingParams' own validation: non-finite floats are errors naming the field (the
+engine, the offline LLM and both ingresses share this check)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workers.sampling_params import SamplingParams
+
+FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_non_finite_floats_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must be a finite number"):
+        SamplingParams(**{field: value})
+
+
+def test_finite_extremes_are_still_accepted() -> None:
+    # Large but finite values keep their documented meaning (temperature has no upper bound).
+    params = SamplingParams(temperature=1e6, repetition_penalty=1e6, presence_penalty=2.0)
+    assert params.temperature == 1e6 and params.repetition_penalty == 1e6
+
+
+def test_ints_count_as_numbers_bools_do_not() -> None:
+    assert SamplingParams(temperature=0, top_p=1).temperature == 0
+    with pytest.raises(ValueError, match="^temperature "):
+        SamplingParams(temperature=True)

@@ -58,7 +58,10 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     # One bundle per TP rank, packed on one node; the replica actor itself sits in bundle 0.
     # TP = 1 runs the rank in the replica process, which then holds the GPU; TP > 1 runs every
     # rank as a Ray actor in its bundle (workers/ray_executor.py), so the replica takes none.
+    # Bundle 0 holds the replica actor and its `num_cpus_per_replica` CPUs (its torch threads
+    # follow them); every other rank's actor takes one CPU.
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    first = {**bundle, "CPU": config.num_cpus_per_replica}
     replica_gpus = 1 if gpu and config.tensor_parallel_size == 1 else 0
     if config.request_router == "prefix_affinity":
         router = RequestRouterConfig(
@@ -76,8 +79,9 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         # A burst that the replicas can take (max_ongoing_requests each) passes; admission
         # control proper is the replica's own waiting-queue cap (max_queued_requests).
         "max_queued_requests": config.max_ongoing_requests + config.max_queued_requests,
-        "ray_actor_options": {"num_cpus": 1, "num_gpus": replica_gpus},
-        "placement_group_bundles": [dict(bundle) for _ in range(config.tensor_parallel_size)],
+        "ray_actor_options": {"num_cpus": config.num_cpus_per_replica, "num_gpus": replica_gpus},
+        "placement_group_bundles": [first]
+        + [dict(bundle) for _ in range(1, config.tensor_parallel_size)],
         "placement_group_strategy": "STRICT_PACK",
         "request_router_config": router,
         "health_check_period_s": 5.0,

@@ -80,6 +80,13 @@ class ServeConfig:
     target_ongoing_requests: int = _opt(16, "autoscaling target per replica", REPLICAS_GROUP)
     # Ray Serve's cap per LLMServer replica.
     max_ongoing_requests: int = _opt(256, "requests in flight per replica", REPLICAS_GROUP)
+    # Ray gives an actor OMP_NUM_THREADS = its CPUs (1 by default): the replica and its engine
+    # child set torch's threads to this, so a CPU replica computes on every CPU it holds.
+    num_cpus_per_replica: float = _opt(
+        1.0,
+        "CPUs each engine replica reserves; its torch threads follow (rounded, at least 1)",
+        REPLICAS_GROUP,
+    )
     max_model_len: int | None = _opt(
         None, "context length (default: the checkpoint's)", MODEL_GROUP
     )
@@ -211,6 +218,10 @@ class ServeConfig:
             "device": None if self.device == "auto" else self.device,
         }
 
+    def torch_threads(self) -> int:
+        """torch threads of one replica's engine: its reserved CPUs, rounded, at least 1."""
+        return max(1, round(self.num_cpus_per_replica))
+
     def model_name(self) -> str:
         """The id clients put in `model`: served_model_name, else the dir's basename."""
         if self.served_model_name:
@@ -282,6 +293,13 @@ def _validate(cfg: ServeConfig) -> None:
         isinstance(cfg.api_key_env, str) and cfg.api_key_env.isidentifier(),
         "api_key_env",
         "must be an environment variable name",
+    )
+    need(
+        isinstance(cfg.num_cpus_per_replica, (int, float))
+        and not isinstance(cfg.num_cpus_per_replica, bool)
+        and cfg.num_cpus_per_replica > 0,
+        "num_cpus_per_replica",
+        "must be a number > 0",
     )
     need(cfg.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
     need(cfg.request_router in ROUTERS, "request_router", f"must be one of {', '.join(ROUTERS)}")

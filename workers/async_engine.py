@@ -79,9 +79,17 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return self._dead is None and self._core.is_alive()
 
-    def check_health(self) -> None:
+    def check_progress(self) -> None:
+        """Cheap and never blocking (no round trip to the ranks): EngineDeadError when the
+        engine is dead or has work pending and completed no step in `step_timeout_s`."""
         if self._dead is not None:
             raise EngineDeadError(f"engine failed: {self._dead}") from self._dead
+        self._core.check_progress()
+
+    def check_health(self) -> None:
+        """`check_progress`, then the full check: for TP > 1 a blocking ping of every rank,
+        so call it off an event loop (a health hook, not per request)."""
+        self.check_progress()
         self._core.check_health()
 
     def stats(self) -> EngineStats:
@@ -113,8 +121,9 @@ class AsyncEngine:
         params: SamplingParams | None = None,
     ) -> AsyncIterator[RequestOutput]:
         # One generator behind both entry points: checks run on the first iteration, so a
-        # caller sees every error where it reads the stream.
-        self.check_health()
+        # caller sees every error where it reads the stream. Only the cheap local check: a
+        # blocking ping of the ranks here would stall every stream on this event loop.
+        self.check_progress()
         if inp is None:
             inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)  # type: ignore[arg-type]
         request_id = request_id or f"req-{next(self._ids)}"

@@ -16,6 +16,12 @@ both cores hand out the same outputs. A reader thread in the parent gives them t
 The child exits when the parent closes the socket, dies, or sends StopEngine; if the child dies,
 the reader sees the socket close and fails every request with EngineDeadError. TP = 1 only:
 for TP > 1 the forward pass already runs in the ranks' Ray actors.
+
+Liveness: the parent knows which requests are in flight and when the child last sent a
+StepResult (the child sends one after every step). With requests in flight and no StepResult
+for `step_timeout_s` (a hung forward pass, a livelock), the reader thread fails every request
+with EngineDeadError naming the timeout and kills the child; `check_health` says the same
+without waiting for it.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ log = logging.getLogger(__name__)
 # is busy loading or stepping is noticed here, not only at the next socket write).
 PARENT_CHECK_S = 1.0
 
+# Test hook (fault injection), read in the child when it starts: seconds every engine step
+# sleeps first, to make a hung step. Never set it outside tests.
+TEST_STEP_SLEEP_ENV = "KVRAY_TEST_HOOK_STEP_SLEEP_S"
+
 
 class EngineProcess:
     """An `EngineCore`, parent side: starts the child, sends it commands, reads its outputs on
@@ -83,6 +93,12 @@ class EngineProcess:
         self._stopping = False
         self._error: BaseException | None = None
         self._reader: threading.Thread | None = None
+        self.step_timeout_s = config.parallel.step_timeout_s
+        # Liveness, kept by the parent: requests sent and not yet finished, and the monotonic
+        # time of the last sign of progress (a StepResult, or work arriving at an idle child).
+        self._in_flight: set[str] = set()
+        self._progress_lock = threading.Lock()
+        self._last_progress = time.monotonic()
         self.pid = self._proc.pid
         msg: ToParent
         try:
@@ -113,10 +129,16 @@ class EngineProcess:
 
     # -- commands (any thread) ------------------------------------------------------------------
     def add(self, request_id: str, inp: EngineInput) -> None:
+        with self._progress_lock:
+            if not self._in_flight:  # the clock starts when work arrives, not at the last step
+                self._last_progress = time.monotonic()
+            self._in_flight.add(request_id)
         self._send(AddRequest(request_id, inp, time.monotonic()))
 
     def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
+        with self._progress_lock:
+            self._in_flight.discard(request_id)  # aborted: nothing left to wait for
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -130,12 +152,20 @@ class EngineProcess:
     def is_alive(self) -> bool:
         return self._error is None and self._proc.poll() is None
 
-    def check_health(self) -> None:
+    def check_progress(self) -> None:
+        """Cheap and never blocking: raises EngineDeadError when the engine failed, the child
+        exited, or requests are in flight and no step completed in `step_timeout_s`."""
+        stalled = self._stalled()
         if self._error is not None:
             raise EngineDeadError(f"engine failed: {self._error}")
+        if stalled is not None:
+            raise stalled
         code = self._proc.poll()
         if code is not None:
             raise EngineDeadError(f"engine process {self.pid} exited with code {code}")
+
+    def check_health(self) -> None:
+        self.check_progress()  # no ranks to ping: the child is the whole engine
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -155,16 +185,48 @@ class EngineProcess:
         except (OSError, ValueError) as err:  # closed socket, or the child is gone
             raise EngineDeadError(f"engine process {self.pid} is not running: {err}") from None
 
+    def _stalled(self) -> EngineDeadError | None:
+        """The error when requests are in flight and no step completed in step_timeout_s."""
+        with self._progress_lock:
+            if not self._in_flight:
+                return None
+            waited = time.monotonic() - self._last_progress
+        if waited <= self.step_timeout_s:
+            return None
+        return EngineDeadError(
+            f"no engine step completed in {self.step_timeout_s:g} s with work pending "
+            f"(step_timeout_s; {len(self._in_flight)} requests in flight, last step "
+            f"{waited:.1f} s ago)"
+        )
+
     def _read_loop(self, sink: OutputSink) -> None:
+        # Wake up at least this often to check progress: a hang is noticed within
+        # 1.25 x step_timeout_s.
+        interval = min(max(self.step_timeout_s / 4, 0.01), 1.0)
         try:
             while True:
+                if not self._conn.poll(interval):
+                    stalled = self._stalled()
+                    if stalled is not None and not self._stopping:
+                        log.error("engine process %d: %s; killing it", self.pid, stalled)
+                        self._fail(sink, stalled)
+                        self._proc.kill()
+                        return
+                    continue
                 msg: ToParent = self._conn.recv()
                 if type(msg) is StepResult:
+                    with self._progress_lock:
+                        self._last_progress = time.monotonic()
+                        for out in msg.outputs:
+                            if out.finished:
+                                self._in_flight.discard(out.request_id)
                     self._stats = msg.stats
                     self._step_counts.extend(msg.step_token_counts)
                     if msg.outputs:
                         sink.outputs(msg.outputs)
                 elif type(msg) is RequestRejected:
+                    with self._progress_lock:
+                        self._in_flight.discard(msg.request_id)
                     err = ValueError if msg.bad_input else RuntimeError
                     sink.rejected(msg.request_id, err(msg.message))
                 elif type(msg) is EngineStopped:
@@ -184,6 +246,8 @@ class EngineProcess:
 
     def _fail(self, sink: OutputSink, err: BaseException) -> None:
         self._error = err
+        with self._progress_lock:
+            self._in_flight.clear()
         sink.failed(err)
 
     def _reap(self, timeout_s: float) -> None:
@@ -230,6 +294,7 @@ def serve_engine(conn: Connection) -> int:
         return 1
     conn.send(EngineReady(engine.block_manager.num_blocks, engine.input_checker))
     last_stats = None
+    step_sleep_s = float(os.environ.get(TEST_STEP_SLEEP_ENV) or 0)  # test hook: a hung step
     try:
         while True:
             outs: list[RequestOutput] = []
@@ -255,11 +320,15 @@ def serve_engine(conn: Connection) -> int:
                 else:
                     raise TypeError(f"unexpected message from the parent: {msg!r}")
                 timeout = 0.0
-            if engine.has_unfinished():
+            stepped = engine.has_unfinished()
+            if stepped:
+                if step_sleep_s:
+                    time.sleep(step_sleep_s)
                 outs.extend(engine.step())
             stats = engine.stats()
             counts = engine.pop_step_token_counts()
-            if outs or counts or stats != last_stats:
+            # After every step, even an empty one: the parent's proof of progress.
+            if stepped or outs or counts or stats != last_stats:
                 conn.send(StepResult(outs, stats, counts))
                 last_stats = stats
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -86,6 +86,8 @@ def _add_field_flag(group: argparse._ArgumentGroup, f: Field[Any], flag: Flag, h
         kwargs["type"] = size_arg
     elif _base_type(hint) is int:
         kwargs["type"] = int
+    elif _base_type(hint) is float:
+        kwargs["type"] = float
     if flag.choices:
         kwargs["choices"] = flag.choices
     if name != "--" + f.name.replace("_", "-"):

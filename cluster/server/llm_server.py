@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,7 @@ class LLMServer:
         # TP = 1 runs the forward pass in the engine core, so the core gets its own process
         # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
         process = config.engine_process and config.tensor_parallel_size == 1
+        _use_reserved_cpus(config.torch_threads())
         self._engine = AsyncEngine(EngineArgs(**config.engine_kwargs(model_dir)), process=process)
         self._model_name = config.model_name()
         self._created = int(time.time())
@@ -75,7 +77,7 @@ class LLMServer:
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
         import torch
 
-        # Ray sets OMP_NUM_THREADS to the CPUs reserved for this replica: CPU compute uses them.
+        # torch threads follow the CPUs this replica reserves (num_cpus_per_replica).
         logger.info(
             "LLMServer ready: model=%s max_model_len=%d engine=%s torch_threads=%d",
             self._model_name,
@@ -181,8 +183,16 @@ class LLMServer:
         }
 
     async def check_health(self) -> None:
-        """Ray Serve's health hook: raising marks the replica unhealthy and gets it replaced."""
-        self._check_alive()
+        """Ray Serve's health hook: raising marks the replica unhealthy and gets it replaced.
+
+        First the engine's cheap progress check (work pending and no step completed in
+        step_timeout_s is unhealthy), then the full check (TP > 1: a blocking ping of every
+        rank) on a worker thread, so this event loop's streams never wait for it."""
+        try:
+            self._engine.check_progress()
+        except Exception as err:
+            raise EngineDeadError(f"engine is not running: {err}") from None
+        await asyncio.to_thread(self._check_alive)
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve's routing-stats hook: load as the prefix-affinity router reads it."""
@@ -193,6 +203,9 @@ class LLMServer:
             "running": s.num_requests_running,
             "kv_cache_usage": float(s.kv_cache_usage),
             "max_queued_requests": self._config.max_queued_requests,
+            # A dead engine fails requests fast, so it would look least loaded: the router
+            # drops replicas that say False here before Serve replaces them.
+            "engine_alive": bool(self._engine.healthy),
         }
 
     def __del__(self) -> None:
@@ -251,3 +264,15 @@ def _replica_name() -> str:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # outside Serve (unit use): one unnamed replica
         return "local"
+
+
+def _use_reserved_cpus(threads: int) -> None:
+    """torch threads = the CPUs this replica reserved, here and in the engine child.
+
+    Ray sets OMP_NUM_THREADS to an actor's CPUs (1 by default); the engine child inherits
+    this environment and torch reads OMP_NUM_THREADS when it starts.
+    """
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)

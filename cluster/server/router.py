@@ -19,6 +19,8 @@ What the router reads: the first argument of the handle call. Ingresses tokenize
 (an explicit `routing_key` overrides the hash); `replica_stats({"routing_key": K})` carries
 a dict. The block size is the engine's (`request_router_kwargs["block_size"]`, from
 ServeConfig via cluster/app.py). Serve internals the router needs are in ray_internals.py.
+
+Replicas whose routing stats say `engine_alive: False` are left out while any other is alive.
 """
 
 from __future__ import annotations
@@ -99,6 +101,18 @@ def rendezvous_rank(key: str, replica_ids: Sequence[str]) -> list[str]:
     return sorted(replica_ids, key=weight, reverse=True)
 
 
+def live_replicas(replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """The replicas whose last routing stats do not say their engine is dead.
+
+    A dead engine fails requests at once, so it would look least loaded and draw traffic
+    until Serve's health check replaces it. Replicas without stats yet count as alive. If
+    every replica is dead they are all kept: requests then fail fast with the engine-dead
+    error instead of waiting for a replica that may never come.
+    """
+    alive = [r for r in replicas if (r.routing_stats or {}).get("engine_alive", True)]
+    return alive or replicas
+
+
 class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
     """Prefix-cache affinity balanced against load. Configured through request_router_kwargs.
 
@@ -127,6 +141,7 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         if pending_request is not None:
             ask_for_backoff(pending_request)
             self.remember_request(pending_request)
+        candidate_replicas = live_replicas(candidate_replicas)
         # Shuffled first so that equally loaded replicas share the work (sort is stable).
         by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
         preferred = self._preferred(candidate_replicas, pending_request)
@@ -145,7 +160,9 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
 
     def routing_decision(self, pending_request: PendingRequest, replica_id: ReplicaID) -> str:
         """DESIGN.md's label of a routed request: affinity | load | fallback."""
-        preferred = self._preferred(list(self.curr_replicas.values()), pending_request)
+        preferred = self._preferred(
+            live_replicas(list(self.curr_replicas.values())), pending_request
+        )
         if preferred is None:
             return "load"
         return "affinity" if preferred.replica_id == replica_id else "fallback"

@@ -32,6 +32,18 @@ def test_llm_server_reserves_its_tp_group_through_a_placement_group() -> None:
     assert one["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
 
 
+def test_replica_reserves_num_cpus_per_replica() -> None:
+    cpu = llm_server_options(ServeConfig(num_cpus_per_replica=4, device="cpu"))
+    assert cpu["ray_actor_options"] == {"num_cpus": 4, "num_gpus": 0}
+    assert cpu["placement_group_bundles"] == [{"CPU": 4}]  # the replica sits in bundle 0
+    # TP > 1: the other ranks' actors still take one CPU each.
+    tp = llm_server_options(
+        ServeConfig(num_cpus_per_replica=3, tensor_parallel_size=2, device="cuda")
+    )
+    assert tp["placement_group_bundles"] == [{"CPU": 3, "GPU": 1}, {"CPU": 1, "GPU": 1}]
+    assert tp["ray_actor_options"] == {"num_cpus": 3, "num_gpus": 0}
+
+
 def test_replicas_autoscaling_and_router() -> None:
     fixed = llm_server_options(ServeConfig(num_replicas=3, device="cpu"))
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed

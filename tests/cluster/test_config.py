@@ -56,6 +56,9 @@ def test_unknown_args_are_an_error_listing_valid_keys() -> None:
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
         ({"engine_process": 1}, "engine_process"),
         ({"block_size": 0}, "block_size"),
+        ({"num_cpus_per_replica": 0}, "num_cpus_per_replica"),
+        ({"num_cpus_per_replica": "4"}, "num_cpus_per_replica"),
+        ({"num_cpus_per_replica": True}, "num_cpus_per_replica"),
     ],
 )
 def test_bad_values_name_the_field(args: dict, field: str) -> None:
@@ -87,3 +90,19 @@ def test_autoscaling_config() -> None:
 def test_model_name() -> None:
     assert ServeConfig(model="/ckpt/Qwen3-0.6B/").model_name() == "Qwen3-0.6B"
     assert ServeConfig(model="/ckpt/x", served_model_name="prod").model_name() == "prod"
+
+
+def test_replica_cpus_set_its_torch_threads() -> None:
+    import argparse
+
+    from cluster.cli.flags import add_serve_flags, config_from_flags
+
+    assert ServeConfig().num_cpus_per_replica == 1 and ServeConfig().torch_threads() == 1
+    assert ServeConfig(num_cpus_per_replica=4).torch_threads() == 4
+    assert ServeConfig(num_cpus_per_replica=2.6).torch_threads() == 3
+    assert ServeConfig(num_cpus_per_replica=0.25).torch_threads() == 1  # never 0 threads
+    parser = argparse.ArgumentParser()
+    add_serve_flags(parser, "127.0.0.1")
+    c = config_from_flags(parser.parse_args(["--num-cpus-per-replica", "2.5"]))
+    assert c.num_cpus_per_replica == 2.5
+    assert ServeConfig.from_args(c.to_args()) == c

@@ -198,3 +198,22 @@ def test_korean_and_emoji_stream_cleanly(text: str, demo_dir, tmp_path) -> None:
     assert "".join(deltas) == last.outputs[0].text == text
     assert all("\ufffd" not in d for d in deltas)
     assert len([d for d in deltas if d]) >= 4  # it really streamed in pieces
+
+
+def test_generate_never_makes_the_full_health_check(demo_dir) -> None:
+    """Per request only the cheap local check runs: the full one (TP > 1: a blocking ping of
+    every rank) would stall every stream on the caller's event loop."""
+    eng = AsyncEngine(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=16 << 20))
+    pings: list[int] = []
+    eng.engine.executor.check_health = lambda: pings.append(1)  # counts the full checks
+
+    async def main():  # noqa: ANN202
+        return [(await _collect(eng, f"p{i}", f"c{i}"))[2] for i in range(3)]
+
+    try:
+        assert all(out.finished for out in asyncio.run(main()))
+        assert pings == []
+        eng.check_health()  # the health hook's full check still reaches the executor
+        assert pings == [1]
+    finally:
+        eng.shutdown()

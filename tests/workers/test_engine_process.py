@@ -118,3 +118,46 @@ def test_limits_come_from_the_child_after_it_sized_the_kv_cache(checkpoints) -> 
         eng.shutdown()
     with pytest.raises(EngineDeadError, match=r"max_model_len \(256\) is larger than the 64"):
         AsyncEngine(replace(tiny, max_model_len=256), process=True)
+
+
+def test_hung_step_fails_every_stream_and_kills_the_child(demo_dir, monkeypatch) -> None:
+    from workers.engine_process import TEST_STEP_SLEEP_ENV
+
+    monkeypatch.setenv(TEST_STEP_SLEEP_ENV, "60")  # test hook: every step in the child hangs
+    eng = AsyncEngine(replace(_args(demo_dir), step_timeout_s=0.5), process=True)
+    stall = "no engine step completed in 0.5 s with work pending"
+    try:
+        assert eng.healthy  # idle: nothing pending, however long ago the last step was
+
+        async def one(i: int) -> int:
+            return len([o async for o in eng.generate(f"hang {i}", LONG, f"h{i}")])
+
+        async def main():  # noqa: ANN202
+            tasks = [asyncio.create_task(one(i)) for i in range(4)]
+            return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+        results = asyncio.run(main())
+        assert all(isinstance(r, EngineDeadError) and stall in str(r) for r in results), results
+        for check in (eng.check_progress, eng.check_health):
+            with pytest.raises(EngineDeadError, match=stall):
+                check()
+        assert _wait_gone(eng._core.pid)  # the parent killed the stuck child
+        assert_dead_for_good(eng, SamplingParams(max_tokens=4))
+    finally:
+        eng.shutdown()
+
+
+def test_idle_child_never_trips_the_step_timeout(demo_dir) -> None:
+    eng = AsyncEngine(replace(_args(demo_dir), step_timeout_s=1.0), process=True)
+
+    async def one(rid: str):  # noqa: ANN202
+        return [o async for o in eng.generate("idle", SamplingParams(max_tokens=8), rid)][-1]
+
+    try:
+        assert asyncio.run(one("i1")).finished
+        time.sleep(2.0)  # idle far past step_timeout_s: no work pending, so no stall
+        eng.check_health()
+        assert eng.healthy
+        assert asyncio.run(one("i2")).finished
+    finally:
+        eng.shutdown()

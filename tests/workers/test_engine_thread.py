@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
-from tests.workers.failures import assert_dead_for_good
+from tests.workers.failures import assert_dead_for_good, fail_while_streaming
 from workers import AsyncEngine, RequestOutput, SamplingParams
 from workers.config import EngineArgs
 from workers.engine import LLMEngine
@@ -91,3 +92,54 @@ def test_step_failure_reaches_every_caller(demo_dir) -> None:
     with pytest.raises(EngineDeadError):
         eng.pop_step_token_counts()  # a command after the failure fails too, never hangs
     eng.shutdown()
+
+
+HANG_TIMEOUT_S = 0.5  # tiny step_timeout_s, so a hung step is noticed at once
+STALL = "no engine step completed in 0.5 s with work pending"
+
+
+def test_hung_step_fails_every_stream_and_the_health_check(demo_dir) -> None:
+    eng = AsyncEngine(
+        EngineArgs(
+            model=str(demo_dir), kv_cache_memory_bytes=16 << 20, step_timeout_s=HANG_TIMEOUT_S
+        )
+    )
+    hang, release = threading.Event(), threading.Event()
+    real = eng.engine.executor.execute
+
+    def hanging(step):  # noqa: ANN001, ANN202 - fault injection: a forward pass that never ends
+        if hang.is_set():
+            release.wait(60)
+        return real(step)
+
+    eng.engine.executor.execute = hanging
+    try:
+        params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+        results = fail_while_streaming(eng, params, hang.set)
+        assert all(isinstance(r, EngineDeadError) and STALL in str(r) for r in results), results
+        for check in (eng.check_progress, eng.check_health):
+            with pytest.raises(EngineDeadError, match=STALL):
+                check()
+        assert not eng.healthy
+        assert_dead_for_good(eng, GREEDY)
+    finally:
+        release.set()  # the abandoned step returns; the loop sees the engine is dead and stops
+        eng.shutdown()
+
+
+def test_idle_engine_never_trips_the_step_timeout(demo_dir) -> None:
+    eng = AsyncEngine(
+        EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=16 << 20, step_timeout_s=1.0)
+    )
+
+    async def one(rid: str) -> RequestOutput:
+        return [o async for o in eng.generate("idle", GREEDY, rid)][-1]
+
+    try:
+        assert asyncio.run(one("i1")).finished
+        time.sleep(2.0)  # idle far past step_timeout_s: no work pending, so no stall
+        eng.check_health()
+        assert eng.healthy
+        assert asyncio.run(one("i2")).finished
+    finally:
+        eng.shutdown()

@@ -12,6 +12,7 @@ import pytest
 
 from cluster.server.router import (
     RouterOptions,
+    live_replicas,
     prefix_routing_key,
     rendezvous_rank,
     request_routing_key,
@@ -177,6 +178,26 @@ def test_choose_replicas_unkeyed() -> None:
     reps[0].routing_stats = {"running": 1, "kv_cache_usage": 0.5}
     reps[1].routing_stats = {"running": 1, "kv_cache_usage": 0.1}
     assert _choose(r, reps, {"no": "key"}) == [["r1", "r0"]]
+
+
+def test_dead_engines_get_no_requests_while_another_lives() -> None:
+    r = router()
+    reps = replicas(3)
+    # The dead one fails requests fast, so it looks the least loaded of all.
+    reps[0].routing_stats = {"running": 0, "engine_alive": False}
+    reps[1].routing_stats = {"running": 4, "engine_alive": True}
+    reps[2].routing_stats = {"running": 2}  # no flag yet (first stats pending): alive
+    assert _choose(r, reps, generate_request(list(range(10)))) == [["r2", "r1"]]
+    # Keyed to the dead replica: the key's next live replica is preferred instead.
+    key = next(f"k{i}" for i in range(1000) if _preferred_name(f"k{i}", reps) == "r0")
+    ranks = _choose(r, reps, generate_request(list(range(64)), routing_key=key))
+    assert "r0" not in sum(ranks, [])
+    assert ranks[0] == [_preferred_name(key, reps[1:])]
+    # Every engine dead: keep them all, so requests fail fast with the engine-dead error.
+    for rep in reps:
+        rep.routing_stats = {"running": 0, "engine_alive": False}
+    assert _choose(r, reps, generate_request(list(range(64)), routing_key=key))[0] == ["r0"]
+    assert live_replicas(reps) == reps  # type: ignore[arg-type]
 
 
 def test_routing_decision_labels() -> None:

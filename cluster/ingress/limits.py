@@ -11,36 +11,28 @@ read (cluster/http/guard.py); gRPC messages by grpc_max_message_bytes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sized
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields
+from typing import Any
 
+from cluster.config import ServeConfig
 from cluster.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from cluster.config import ServeConfig
 
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """The defaults are ServeConfig's (kept equal by tests/cluster/ingress/test_limits.py)."""
+    """The bounds of one deployment; the fields are ServeConfig's of the same names, whose
+    defaults (and flag help) are the only place they are written."""
 
-    max_n: int = 128
-    max_stop_strings: int = 16
-    max_stop_string_chars: int = 256
-    max_stop_token_ids: int = 256
-    max_prompts_per_request: int = 64
-    max_chat_messages: int = 1024
+    max_n: int
+    max_stop_strings: int
+    max_stop_string_chars: int
+    max_stop_token_ids: int
+    max_prompts_per_request: int
+    max_chat_messages: int
 
     @staticmethod
     def from_config(config: ServeConfig) -> RequestLimits:
-        return RequestLimits(
-            max_n=config.max_n,
-            max_stop_strings=config.max_stop_strings,
-            max_stop_string_chars=config.max_stop_string_chars,
-            max_stop_token_ids=config.max_stop_token_ids,
-            max_prompts_per_request=config.max_prompts_per_request,
-            max_chat_messages=config.max_chat_messages,
-        )
+        return RequestLimits(**{f.name: getattr(config, f.name) for f in fields(RequestLimits)})
 
     def check_sampling(self, kwargs: Mapping[str, Any]) -> None:
         """The bounded SamplingParams keyword arguments (n, stop, stop_token_ids); checked
@@ -81,7 +73,7 @@ class RequestLimits:
             raise _over(field, count, self.max_chat_messages, "max_chat_messages", "messages")
 
 
-DEFAULT_LIMITS = RequestLimits()
+DEFAULT_LIMITS = RequestLimits.from_config(ServeConfig())
 
 
 def _over(field: str, got: int, limit: int, setting: str, what: str = "") -> InvalidRequestError:

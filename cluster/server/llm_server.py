@@ -188,10 +188,7 @@ class LLMServer:
         First the engine's cheap progress check (work pending and no step completed in
         step_timeout_s is unhealthy), then the full check (TP > 1: a blocking ping of every
         rank) on a worker thread, so this event loop's streams never wait for it."""
-        try:
-            self._engine.check_progress()
-        except Exception as err:
-            raise EngineDeadError(f"engine is not running: {err}") from None
+        self._check_alive(full=False)  # fails fast, without a thread hop
         await asyncio.to_thread(self._check_alive)
 
     async def record_routing_stats(self) -> dict[str, Any]:
@@ -219,9 +216,12 @@ class LLMServer:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, full: bool = True) -> None:
         try:
-            self._engine.check_health()
+            if full:
+                self._engine.check_health()
+            else:
+                self._engine.check_progress()
         except Exception as err:
             raise EngineDeadError(f"engine is not running: {err}") from None
 

@@ -16,6 +16,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ServeConfig
+from cluster.server.kv_router import KV_ROUTER_CLASS_PATH
 from cluster.server.llm_server import LLMServer
 from cluster.server.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
 
@@ -28,8 +29,14 @@ INGRESS_MAX_ONGOING_REQUESTS = 4096
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 
-def build_app(args: Mapping[str, Any] | ServeConfig | None = None) -> serve.Application:
-    """The application: OpenAIIngress and GrpcIngress bound to one LLMServer deployment."""
+def build_app(
+    args: Mapping[str, Any] | ServeConfig | None = None, *, draining: bool = False
+) -> serve.Application:
+    """The application: OpenAIIngress and GrpcIngress bound to one LLMServer deployment.
+
+    `draining=True` is the same application with the HTTP ingress refusing new requests
+    (/ready 503): deploying it over the running one only reconfigures the ingress replicas
+    (a user_config change), which is how `kvray serve` begins a graceful shutdown."""
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
 
@@ -38,7 +45,7 @@ def build_app(args: Mapping[str, Any] | ServeConfig | None = None) -> serve.Appl
     # The gRPC ingress runs its own server; binding it into the HTTP ingress's arguments is
     # what makes Serve deploy it as part of this application.
     grpc = bind_grpc_ingress(config, llm)
-    ingress = serve.deployment(OpenAIIngress, **ingress_options(config))
+    ingress = serve.deployment(OpenAIIngress, **ingress_options(config, draining))
     return ingress.bind(config, llm, grpc)
 
 
@@ -70,6 +77,13 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
             # Prefix keys hash whole KV blocks: the router must use the engine's block size.
             request_router_kwargs={"block_size": config.block_size},
         )
+    elif config.request_router == "kv_events":
+        router = RequestRouterConfig(
+            request_router_class=KV_ROUTER_CLASS_PATH,
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+            # The router hashes prompts into the engine's own block hashes.
+            request_router_kwargs={"block_size": config.block_size},
+        )
     else:  # Serve's default power-of-two-choices; stats still feed dashboards and benches
         router = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)
     opts: dict[str, Any] = {
@@ -96,8 +110,10 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     return opts
 
 
-def ingress_options(config: ServeConfig) -> dict[str, Any]:
+def ingress_options(config: ServeConfig, draining: bool = False) -> dict[str, Any]:
     return {
+        # Changing only this redeploys nothing: Serve calls OpenAIIngress.reconfigure.
+        "user_config": {"draining": draining},
         "name": INGRESS_NAME,
         "num_replicas": config.ingress_replicas,
         "max_ongoing_requests": INGRESS_MAX_ONGOING_REQUESTS,

@@ -17,11 +17,22 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS
+from cluster.config_checks import AUTOSCALING_POLICIES, DEVICES, ROUTERS, validate
+from workers.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GRAMMAR_CACHE_SIZE,
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_STEP_TIMEOUT_S,
+)
 
 DEMO_MODEL_NAME = "kvray-demo"
-ROUTERS = ("prefix_affinity", "power_of_two")
-DEVICES = ("auto", "cpu", "cuda")
+# The policy class of autoscaling_policy "llm", as Serve imports it.
+LLM_AUTOSCALING_POLICY = "cluster.server.autoscaling:LLMAutoscalingPolicy"
+# The window Serve averages each replica's stats over: short, so the policy sees the load of
+# now (the policy's delays, not a long average, keep it from flapping), yet over Serve's
+# deprecated metrics_interval_s (10 s), which it warns about otherwise.
+AUTOSCALING_LOOK_BACK_S = 11.0
 # Ports (DESIGN.md): HTTP is Ray Serve's default, metrics the port KubeRay's Prometheus
 # examples scrape. The gRPC port's one literal is cluster/grpc_api/ingress.py's.
 DEFAULT_HTTP_PORT = 8000
@@ -77,7 +88,31 @@ class ServeConfig:
     max_replicas: int | None = _opt(
         None, "autoscaling upper bound (enables autoscaling)", REPLICAS_GROUP
     )
-    target_ongoing_requests: int = _opt(16, "autoscaling target per replica", REPLICAS_GROUP)
+    target_ongoing_requests: int = _opt(
+        16, "autoscaling target per replica (--autoscaling-policy ongoing_requests)", REPLICAS_GROUP
+    )
+    autoscaling_policy: str = _opt(
+        "llm",
+        "autoscaling signal: waiting requests and KV-cache usage per replica, or Serve's "
+        "ongoing requests",
+        REPLICAS_GROUP,
+        choices=AUTOSCALING_POLICIES,
+    )
+    target_waiting_requests: float = _opt(
+        4.0, "autoscaling: waiting (admitted, not running) requests per replica", REPLICAS_GROUP
+    )
+    target_kv_cache_usage: float = _opt(
+        0.8, "autoscaling: fraction of each replica's KV cache in use, in (0, 1]", REPLICAS_GROUP
+    )
+    upscale_delay_s: float = _opt(
+        10.0, "autoscaling: seconds the load must ask for more replicas first", REPLICAS_GROUP
+    )
+    downscale_delay_s: float = _opt(
+        120.0,
+        "autoscaling: seconds the load must allow fewer replicas first (to zero too, with "
+        "--min-replicas 0: the next request then waits for a replica to start)",
+        REPLICAS_GROUP,
+    )
     # Ray Serve's cap per LLMServer replica.
     max_ongoing_requests: int = _opt(256, "requests in flight per replica", REPLICAS_GROUP)
     # Ray gives an actor OMP_NUM_THREADS = its CPUs (1 by default): the replica and its engine
@@ -139,9 +174,54 @@ class ServeConfig:
         64, "most prompts in one /v1/completions request", NETWORK_GROUP
     )
     max_chat_messages: int = _opt(1024, "most messages in one chat request", NETWORK_GROUP)
+    # TLS for both APIs. The files are read where the listeners run: by `kvray serve` (HTTP,
+    # through Serve's proxy) and by the gRPC ingress replica on the head node.
+    tls_cert_file: str | None = _opt(
+        None,
+        "PEM certificate (chain) for HTTPS and gRPC over TLS; needs --tls-key (default: "
+        "plain text). HTTP then goes through Serve's own proxy, not HAProxy",
+        NETWORK_GROUP,
+        name="--tls-cert",
+        kind="path",
+    )
+    tls_key_file: str | None = _opt(
+        None, "PEM private key of --tls-cert", NETWORK_GROUP, name="--tls-key", kind="path"
+    )
+    # Liveness: a replica whose engine has work and completes no step for this long fails its
+    # requests and its health check, and Serve replaces it.
+    step_timeout_s: float = _opt(
+        DEFAULT_STEP_TIMEOUT_S,
+        "seconds an engine step may take before the replica counts as hung and is replaced",
+        MODEL_GROUP,
+    )
+    # Structured outputs: grammars compile off the engine's step loop, into a bounded cache.
+    grammar_timeout_s: float = _opt(
+        DEFAULT_GRAMMAR_TIMEOUT_S,
+        "seconds a structured-output constraint may take to compile; longer: HTTP 400 / "
+        "INVALID_ARGUMENT naming structured_outputs",
+        MODEL_GROUP,
+    )
+    grammar_cache_size: int = _opt(
+        DEFAULT_GRAMMAR_CACHE_SIZE, "compiled constraints each engine keeps (LRU)", MODEL_GROUP
+    )
+    # A request nobody can start soon is better refused (retryable) than left waiting for
+    # ever behind a burst: the client can retry elsewhere or back off.
+    queue_timeout_s: float = _opt(
+        60.0,
+        "seconds a request may wait for a replica and then for its engine's first step; "
+        "longer: HTTP 503 + Retry-After / gRPC UNAVAILABLE; 0: wait as long as it takes",
+        REPLICAS_GROUP,
+    )
+    request_timeout_s: float | None = _opt(
+        None,
+        "seconds a request may take in all on the server; longer: it is aborted, HTTP 504 / "
+        "gRPC DEADLINE_EXCEEDED (a stream ends with an error event) (default: no limit)",
+        REPLICAS_GROUP,
+    )
     request_router: str = _opt(
         "prefix_affinity",
-        "replica choice: prefix-cache affinity + load, or Serve's power-of-two choices",
+        "replica choice: prefix-cache affinity (hash of the first blocks) + load, kv_events "
+        "(the blocks engines report holding, against load), or Serve's power-of-two choices",
         REPLICAS_GROUP,
         choices=ROUTERS,
     )
@@ -165,7 +245,7 @@ class ServeConfig:
     )
 
     def __post_init__(self) -> None:
-        _validate(self)
+        validate(self)
 
     @staticmethod
     def from_args(args: Mapping[str, Any] | None) -> ServeConfig:
@@ -185,6 +265,10 @@ class ServeConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
     def autoscaling(self) -> bool:
         return self.min_replicas is not None or self.max_replicas is not None
 
@@ -194,12 +278,29 @@ class ServeConfig:
             return None
         lo = self.min_replicas if self.min_replicas is not None else 1
         hi = self.max_replicas if self.max_replicas is not None else max(lo, self.num_replicas)
-        return {
+        config: dict[str, Any] = {
             "min_replicas": lo,
             "max_replicas": hi,
             "initial_replicas": max(lo, 1),
             "target_ongoing_requests": self.target_ongoing_requests,
+            "look_back_period_s": AUTOSCALING_LOOK_BACK_S,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
         }
+        if self.autoscaling_policy == "llm":
+            # The policy applies the delays itself (with its hysteresis band): Serve's are 0.
+            kwargs = {
+                "target_waiting_requests": float(self.target_waiting_requests),
+                "target_kv_cache_usage": float(self.target_kv_cache_usage),
+                "upscale_delay_s": float(self.upscale_delay_s),
+                "downscale_delay_s": float(self.downscale_delay_s),
+            }
+            config |= {
+                "upscale_delay_s": 0.0,
+                "downscale_delay_s": 0.0,
+                "policy": {"policy_function": LLM_AUTOSCALING_POLICY, "policy_kwargs": kwargs},
+            }
+        return config
 
     def engine_kwargs(self, model_dir: str) -> dict[str, Any]:
         """`EngineArgs` keyword arguments of one replica's engine (workers/config.py).
@@ -216,7 +317,21 @@ class ServeConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "served_model_name": self.model_name(),
             "device": None if self.device == "auto" else self.device,
+            "step_timeout_s": self.step_timeout_s,
+            "grammar_timeout_s": self.grammar_timeout_s,
+            "grammar_cache_size": self.grammar_cache_size,
+            # Engines record prefix-cache events only for the router that reads them.
+            "kv_events": self.request_router == "kv_events",
         }
+
+    def ingress_max_in_flight(self) -> int:
+        """Generation requests one HTTP ingress replica holds at once; more get 429 at the
+        door (cluster/http/guard.py). What the engine replicas can take between them (each
+        `max_ongoing_requests`) plus what Serve's router may queue in front of them: a request
+        beyond that would be refused anyway, later and after costing the ingress its parsing."""
+        replicas = self.max_replicas if self.max_replicas is not None else self.num_replicas
+        total = (max(replicas, 1) + 1) * self.max_ongoing_requests + self.max_queued_requests
+        return -(-total // self.ingress_replicas)
 
     def torch_threads(self) -> int:
         """torch threads of one replica's engine: its reserved CPUs, rounded, at least 1."""
@@ -229,77 +344,3 @@ class ServeConfig:
         if self.model:
             return Path(self.model.rstrip("/")).name or self.model
         return DEMO_MODEL_NAME
-
-
-def _validate(cfg: ServeConfig) -> None:
-    def need(ok: bool, name: str, why: str) -> None:
-        if not ok:
-            raise ValueError(f"{name} {why}, got {getattr(cfg, name)!r}")
-
-    def is_int(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    for name in (
-        "tensor_parallel_size",
-        "num_replicas",
-        "target_ongoing_requests",
-        "max_ongoing_requests",
-        "max_num_seqs",
-        "block_size",
-        "max_queued_requests",
-        "ingress_replicas",
-        "grpc_max_message_bytes",
-        "max_request_body_bytes",
-        "max_n",
-        "max_stop_strings",
-        "max_stop_string_chars",
-        "max_stop_token_ids",
-        "max_prompts_per_request",
-        "max_chat_messages",
-    ):
-        need(
-            is_int(getattr(cfg, name)) and getattr(cfg, name) >= 1, name, "must be an integer >= 1"
-        )
-    need(
-        is_int(cfg.stream_interval_ms) and 0 <= cfg.stream_interval_ms <= 10_000,
-        "stream_interval_ms",
-        "must be an integer in [0, 10000]",
-    )
-    for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens"):
-        v = getattr(cfg, name)
-        need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 or null")
-    need(
-        cfg.min_replicas is None or (is_int(cfg.min_replicas) and cfg.min_replicas >= 0),
-        "min_replicas",
-        "must be an integer >= 0 or null",
-    )
-    need(
-        cfg.max_replicas is None or (is_int(cfg.max_replicas) and cfg.max_replicas >= 1),
-        "max_replicas",
-        "must be an integer >= 1 or null",
-    )
-    if cfg.min_replicas is not None and cfg.max_replicas is not None:
-        need(cfg.max_replicas >= cfg.min_replicas, "max_replicas", "must be >= min_replicas")
-    for name in ("enable_prefix_caching", "engine_process"):
-        need(isinstance(getattr(cfg, name), bool), name, "must be a boolean")
-    need(cfg.model is None or isinstance(cfg.model, str), "model", "must be a path string or null")
-    need(
-        cfg.served_model_name is None
-        or (isinstance(cfg.served_model_name, str) and cfg.served_model_name != ""),
-        "served_model_name",
-        "must be a non-empty string or null",
-    )
-    need(
-        isinstance(cfg.api_key_env, str) and cfg.api_key_env.isidentifier(),
-        "api_key_env",
-        "must be an environment variable name",
-    )
-    need(
-        isinstance(cfg.num_cpus_per_replica, (int, float))
-        and not isinstance(cfg.num_cpus_per_replica, bool)
-        and cfg.num_cpus_per_replica > 0,
-        "num_cpus_per_replica",
-        "must be a number > 0",
-    )
-    need(cfg.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
-    need(cfg.request_router in ROUTERS, "request_router", f"must be one of {', '.join(ROUTERS)}")

@@ -87,6 +87,41 @@ class EngineDeadError(KvrayError):
         super().__init__(message)
 
 
+class QueueTimeoutError(KvrayError):
+    """No replica or engine took the request within queue_timeout_s (HTTP 503 + Retry-After,
+    gRPC UNAVAILABLE): the server is overloaded; a retry, later or elsewhere, may succeed."""
+
+    http_status = 503
+    openai_type = "service_unavailable"
+    grpc_code = "UNAVAILABLE"
+
+    def __init__(self, message: str = "request timed out in the queue", retry_after_s: int = 5):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DrainingError(KvrayError):
+    """The server is shutting down and takes no new requests (HTTP 503, gRPC UNAVAILABLE)."""
+
+    http_status = 503
+    openai_type = "service_unavailable"
+    grpc_code = "UNAVAILABLE"
+
+    def __init__(self, message: str = "the server is shutting down; retry elsewhere") -> None:
+        super().__init__(message)
+
+
+class RequestTimeoutError(KvrayError):
+    """The request ran past request_timeout_s and was aborted (HTTP 504, DEADLINE_EXCEEDED)."""
+
+    http_status = 504
+    openai_type = "timeout_error"
+    grpc_code = "DEADLINE_EXCEEDED"
+
+    def __init__(self, message: str = "request timed out") -> None:
+        super().__init__(message)
+
+
 class ModelNotFoundError(KvrayError):
     """The request names a model this deployment does not serve (HTTP 404, gRPC NOT_FOUND)."""
 

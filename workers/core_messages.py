@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from workers.config import EngineConfig
 from workers.inputs import EngineInput, InputChecker
+from workers.kv_events import KvEvent
 from workers.outputs import RequestOutput
 from workers.stats import EngineStats
 
@@ -32,6 +33,7 @@ class AddRequest:
     request_id: str
     input: EngineInput  # checked by the caller; the child trusts it
     arrival_time: float  # time.monotonic() in the parent (the same clock in the child)
+    queue_timeout_s: float | None = None  # unrun this long after arrival: a queue timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class StepResult:
     outputs: list[RequestOutput]
     stats: EngineStats
     step_token_counts: list[int]  # tokens of each step since the previous StepResult
+    kv_events: tuple[KvEvent, ...] = ()  # prefix-cache events of these steps (if recorded)
 
 
 @dataclass(frozen=True, slots=True)

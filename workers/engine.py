@@ -21,16 +21,20 @@ from workers.output_processor import (
     delta_output,
     final_output,
     finish_abort,
+    finish_grammar_complete,
     finish_out_of_cache,
     new_output_state,
     process_token,
 )
-from workers.outputs import RequestMetrics, RequestOutput, RequestOutputKind
+from workers.outputs import QUEUE_TIMEOUT, RequestMetrics, RequestOutput, RequestOutputKind
 from workers.request import Request, Seq, SeqStatus
 from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler, SchedulerOutput
 from workers.stats import EngineStats
 from workers.step import CachedSeq, NewSeq, StepInput
+from workers.structured import GRAMMAR_ERROR, check_structured
+from workers.structured.compiler import GrammarCompiler
+from workers.structured.decoding import StructuredDecoding
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +58,33 @@ class LLMEngine:
             raise
         self.config = config
         self.block_manager = BlockManager(
-            self.executor.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+            self.executor.num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            kv_events=config.cache.kv_events,
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
+        # Queue deadlines (time.monotonic()) of requests no step has taken yet.
+        self._queue_deadlines: dict[str, float] = {}
         self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
             self.tokenizer.eos_token_ids
         )
         self.input_checker = InputChecker(
             config.model.vocab_size, config.scheduler.max_model_len, kv_cache_tokens
+        )
+        # Constrained decoding: grammars compile on a background thread, cached by spec.
+        self.structured = StructuredDecoding(
+            GrammarCompiler(
+                self.tokenizer.hf,
+                config.model.vocab_size,
+                self.eos_token_ids,
+                config.structured.grammar_cache_size,
+            ),
+            config.model.vocab_size,
+            config.structured.grammar_timeout_s,
         )
         self.num_steps = 0
         self.prompt_tokens = 0
@@ -103,13 +123,22 @@ class LLMEngine:
     ) -> Request:
         """Checks a raw prompt (text or token ids) with `input_checker`, then adds it."""
         inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)
+        if params.structured_outputs is not None:
+            check_structured(params.structured_outputs, self.tokenizer)
         return self.add_request(request_id, inp, arrival_time)
 
     def add_request(
-        self, request_id: str, inp: EngineInput, arrival_time: float | None = None
+        self,
+        request_id: str,
+        inp: EngineInput,
+        arrival_time: float | None = None,
+        queue_timeout_s: float | None = None,
     ) -> Request:
         """Admits a checked request. Raises ValueError only for what depends on the engine's
-        state: a request_id in use, a prompt the KV cache can never hold."""
+        state: a request_id in use, a prompt the KV cache can never hold.
+
+        A request that no step has taken `queue_timeout_s` after `arrival_time` finishes
+        unrun, its samples aborted with stop_reason QUEUE_TIMEOUT (`is_queue_timeout`)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = replace(inp.params, eos_token_ids=self.eos_token_ids)
@@ -135,12 +164,16 @@ class LLMEngine:
         self.requests[request_id] = req
         for seq in seqs:
             self.seqs[seq.seq_id] = seq
+        self.structured.add(req)  # constrained: its sequences wait for their grammar
+        if queue_timeout_s is not None:
+            self._queue_deadlines[request_id] = now + queue_timeout_s
         return req
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)
         if req is None:
             return None
+        self.structured.forget(request_id)
         for seq in req.seqs:
             finish_abort(seq)
             self._retire(seq)
@@ -151,12 +184,18 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        touched: dict[str, Request] = {}
+        if self._queue_deadlines:
+            self._expire_queued(touched)
+        if self.structured.has_pending:
+            self._start_grammars(touched)
         sched = self.scheduler.schedule()
+        if not sched.scheduled and self.structured.has_pending:
+            self.structured.wait(0.01)  # nothing else to run: do not spin on the compile
         for seq in sched.preempted:
             if seq.on_workers:
                 self._removed.append(seq.seq_id)
                 seq.on_workers = False
-        touched: dict[str, Request] = {}
         for seq in sched.out_of_cache:
             log.warning(
                 "%s finished (length): %d tokens do not fit the KV cache (%d tokens)",
@@ -197,13 +236,16 @@ class LLMEngine:
             seq.token_ids.append(token)
             seq.token_times.append(now)
             self.generation_tokens += 1
+            grammar_done = seq.grammar is not None and self.structured.accept(seq, token)
             process_token(seq, token, lps[i] if lps is not None else None, self.max_model_len)
+            if grammar_done:
+                finish_grammar_complete(seq)
             if seq.finish_reason is not None:
                 self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
 
     def _step_input(self, scheduled: list[tuple[Seq, int]]) -> StepInput:
-        step = StepInput(removed=self._removed)
+        step = StepInput(removed=self._removed, grammar=self.structured.bitmask(scheduled))
         self._removed = []
         for seq, n in scheduled:
             if not seq.on_workers:
@@ -233,6 +275,30 @@ class LLMEngine:
             seq.sent_blocks = len(seq.block_ids)
         return step
 
+    def _expire_queued(self, touched: dict[str, Request]) -> None:
+        """Finishes the requests still unrun at their queue deadline; forgets the deadlines
+        of requests a step has taken (or that ended)."""
+        now = time.monotonic()
+        for request_id, deadline in list(self._queue_deadlines.items()):
+            req = self.requests.get(request_id)
+            if req is None or any(s.first_scheduled_time is not None for s in req.seqs):
+                del self._queue_deadlines[request_id]
+            elif now >= deadline:
+                del self._queue_deadlines[request_id]
+                for seq in req.seqs:
+                    finish_abort(seq, stop_reason=QUEUE_TIMEOUT)
+                    self._retire(seq)
+                touched[request_id] = req
+
+    def _start_grammars(self, touched: dict[str, Request]) -> None:
+        """Constrained requests whose grammar finished compiling become schedulable; those
+        whose compile failed or timed out finish (abort, stop_reason GRAMMAR_ERROR)."""
+        for req, _why in self.structured.poll():
+            for seq in req.seqs:
+                finish_abort(seq, stop_reason=GRAMMAR_ERROR)
+                self._retire(seq)
+            touched[req.request_id] = req
+
     def _retire(self, seq: Seq) -> None:
         if seq.status is not SeqStatus.FINISHED:
             self.scheduler.remove(seq)
@@ -244,6 +310,8 @@ class LLMEngine:
     def _finish_request(self, req: Request) -> RequestOutput:
         """The finished output: everything cumulative, the last delta, and the metrics."""
         self.requests.pop(req.request_id, None)
+        self.structured.forget(req.request_id)
+        self._queue_deadlines.pop(req.request_id, None)
         seqs = req.seqs
         firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
         scheds = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
@@ -279,6 +347,7 @@ class LLMEngine:
     # -- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        g = self.structured.compiler.stats()
         return EngineStats(
             num_requests_running=len(self.scheduler.running),
             num_requests_waiting=len(self.scheduler.waiting),
@@ -291,6 +360,11 @@ class LLMEngine:
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
             num_steps=self.num_steps,
+            structured_requests=g.structured_requests,
+            grammar_cache_hits=g.cache_hits,
+            grammar_compiles=g.compiles,
+            grammar_compile_seconds=g.compile_seconds,
+            recent_grammar_compile_seconds=g.recent_compile_seconds,
         )
 
     def pop_step_token_counts(self) -> list[int]:
@@ -299,4 +373,5 @@ class LLMEngine:
         return counts
 
     def shutdown(self) -> None:
+        self.structured.compiler.shutdown()
         self.executor.shutdown()

@@ -65,9 +65,12 @@ log = logging.getLogger(__name__)
 # is busy loading or stepping is noticed here, not only at the next socket write).
 PARENT_CHECK_S = 1.0
 
-# Test hook (fault injection), read in the child when it starts: seconds every engine step
-# sleeps first, to make a hung step. Never set it outside tests.
+# Test hooks (fault injection), read in the child when it starts; never set them outside
+# tests. TEST_STEP_SLEEP_ENV: seconds every engine step sleeps first, to make a hung step.
+# TEST_STEP_SLEEP_ONCE_ENV: a file path; with it, only the first engine to create that file
+# sleeps, so one replica of an app hangs while the others (and its replacement) do not.
 TEST_STEP_SLEEP_ENV = "KVRAY_TEST_HOOK_STEP_SLEEP_S"
+TEST_STEP_SLEEP_ONCE_ENV = "KVRAY_TEST_HOOK_STEP_SLEEP_ONCE_FILE"
 
 
 class EngineProcess:
@@ -128,12 +131,12 @@ class EngineProcess:
         self._reader.start()
 
     # -- commands (any thread) ------------------------------------------------------------------
-    def add(self, request_id: str, inp: EngineInput) -> None:
+    def add(self, request_id: str, inp: EngineInput, queue_timeout_s: float | None = None) -> None:
         with self._progress_lock:
             if not self._in_flight:  # the clock starts when work arrives, not at the last step
                 self._last_progress = time.monotonic()
             self._in_flight.add(request_id)
-        self._send(AddRequest(request_id, inp, time.monotonic()))
+        self._send(AddRequest(request_id, inp, time.monotonic(), queue_timeout_s))
 
     def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
@@ -222,6 +225,8 @@ class EngineProcess:
                                 self._in_flight.discard(out.request_id)
                     self._stats = msg.stats
                     self._step_counts.extend(msg.step_token_counts)
+                    if msg.kv_events:
+                        sink.kv_events(msg.kv_events)
                     if msg.outputs:
                         sink.outputs(msg.outputs)
                 elif type(msg) is RequestRejected:
@@ -294,7 +299,7 @@ def serve_engine(conn: Connection) -> int:
         return 1
     conn.send(EngineReady(engine.block_manager.num_blocks, engine.input_checker))
     last_stats = None
-    step_sleep_s = float(os.environ.get(TEST_STEP_SLEEP_ENV) or 0)  # test hook: a hung step
+    step_sleep_s = _test_step_sleep_s()
     try:
         while True:
             outs: list[RequestOutput] = []
@@ -304,7 +309,9 @@ def serve_engine(conn: Connection) -> int:
                 msg: ToChild = conn.recv()
                 if type(msg) is AddRequest:
                     try:
-                        engine.add_request(msg.request_id, msg.input, msg.arrival_time)
+                        engine.add_request(
+                            msg.request_id, msg.input, msg.arrival_time, msg.queue_timeout_s
+                        )
                     except Exception as err:  # noqa: BLE001 - that request fails, not the engine
                         bad = isinstance(err, ValueError)
                         text = str(err) if bad else repr(err)
@@ -328,8 +335,9 @@ def serve_engine(conn: Connection) -> int:
             stats = engine.stats()
             counts = engine.pop_step_token_counts()
             # After every step, even an empty one: the parent's proof of progress.
-            if stepped or outs or counts or stats != last_stats:
-                conn.send(StepResult(outs, stats, counts))
+            kv_events = engine.block_manager.pop_kv_events()
+            if stepped or outs or counts or kv_events or stats != last_stats:
+                conn.send(StepResult(outs, stats, counts, kv_events))
                 last_stats = stats
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return 0  # the parent went away: nobody is listening
@@ -340,6 +348,20 @@ def serve_engine(conn: Connection) -> int:
         except OSError:
             pass
         return 1
+
+
+def _test_step_sleep_s() -> float:
+    """The test hooks' sleep before each step of this engine (see TEST_STEP_SLEEP_ENV); 0
+    unless a test set them."""
+    sleep_s = float(os.environ.get(TEST_STEP_SLEEP_ENV) or 0)
+    claim = os.environ.get(TEST_STEP_SLEEP_ONCE_ENV)
+    if sleep_s and claim:
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return 0.0  # another engine took the hang
+        log.warning("test hook: every step of this engine sleeps %g s first", sleep_s)
+    return sleep_s
 
 
 def _exit_when_orphaned(parent: int) -> None:

@@ -65,10 +65,12 @@ class EngineThread:
         self._thread.start()
         self._watchdog_thread.start()
 
-    def add(self, request_id: str, inp: EngineInput) -> None:
+    def add(self, request_id: str, inp: EngineInput, queue_timeout_s: float | None = None) -> None:
+        arrival = time.monotonic()
+
         def add(engine: LLMEngine) -> None:
             try:
-                engine.add_request(request_id, inp)
+                engine.add_request(request_id, inp, arrival, queue_timeout_s)
             except Exception as err:  # noqa: BLE001 - the caller gets it, nobody waits forever
                 self._sink.rejected(request_id, err)
 
@@ -183,6 +185,9 @@ class EngineThread:
                         break
                     if outs:
                         self._sink.outputs(outs)
+                kv_events = engine.block_manager.pop_kv_events()
+                if kv_events:
+                    self._sink.kv_events(kv_events)
                 self._stats = engine.stats()
         except BaseException as e:  # noqa: BLE001 - any failure kills the engine, loudly
             log.exception("engine step failed; failing all requests")

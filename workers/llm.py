@@ -10,6 +10,7 @@ from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, EngineArgs
 from workers.engine import LLMEngine
 from workers.outputs import RequestOutput, RequestOutputKind
 from workers.sampling_params import SamplingParams
+from workers.structured import check_structured
 
 
 class LLM:
@@ -78,6 +79,9 @@ class LLM:
             checker.check_prompt(prompt, final[id(p)], tokenizer)
             for prompt, p in zip(prompts, plist, strict=True)
         ]
+        for p in final.values():
+            if p.structured_outputs is not None:
+                check_structured(p.structured_outputs, tokenizer)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added: list[str] = []
         try:

@@ -69,9 +69,20 @@ def finish_out_of_cache(seq: Seq) -> None:
         seq.out.text.flush()
 
 
-def finish_abort(seq: Seq) -> None:
+def finish_grammar_complete(seq: Seq) -> None:
+    """seq's grammar is complete and allows no more tokens: it stops here ("stop"), also when
+    this last token happened to reach max_tokens (the output is whole, not truncated)."""
+    if seq.finish_reason is None:
+        seq.finish_reason = "stop"
+        seq.out.text.flush()
+    elif seq.finish_reason == "length":
+        seq.finish_reason = "stop"
+
+
+def finish_abort(seq: Seq, stop_reason: str | None = None) -> None:
     if seq.finish_reason is None:
         seq.finish_reason = "abort"
+        seq.stop_reason = stop_reason
         seq.out.text.flush()
 
 

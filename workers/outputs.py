@@ -18,6 +18,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# The stop_reason of a request that no engine step took before its queue timeout (its
+# finish_reason is "abort"): the server turns it into a retryable 503, never shows it.
+QUEUE_TIMEOUT = "queue_timeout"
+
 
 class RequestOutputKind(enum.Enum):
     DELTA = "delta"  # running outputs with deltas only, then the finished output
@@ -72,3 +76,12 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
+
+
+def is_queue_timeout(out: RequestOutput) -> bool:
+    """Whether a finished output is a request that timed out in the queue, unrun."""
+    return (
+        out.finished
+        and bool(out.outputs)
+        and all(o.stop_reason == QUEUE_TIMEOUT and not o.token_ids for o in out.outputs)
+    )

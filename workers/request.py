@@ -45,6 +45,10 @@ class Seq:
     stop_reason: str | int | None = None
     # Output-side state owned by the output processor (detokenizer, logprobs, text).
     out: Any = None
+    # Constrained decoding (workers.structured): the sequence's grammar matcher, and whether
+    # its grammar is still compiling (the scheduler does not admit it until it is ready).
+    grammar: Any = None
+    grammar_pending: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from workers.outputs import RequestOutputKind
+from workers.structured.spec import StructuredOutputs
 
 # Top-N logprobs per token are capped: each one costs a top-k over the vocabulary and a
 # Python object per token in every streamed delta. 20 is OpenAI's cap for top_logprobs.
@@ -39,6 +40,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # What the engine produces: deltas while running (streaming), or only the final output.
     output_kind: RequestOutputKind = RequestOutputKind.DELTA
+    # Constrained decoding (JSON schema, regex, choice, grammar); checked at the ingress with
+    # workers.structured.check_structured, compiled by the engine off the step loop.
+    structured_outputs: StructuredOutputs | None = None
     # Filled in by the engine, never by users: EOS ids from the checkpoint.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -111,6 +115,13 @@ class SamplingParams:
             )
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", f"must be a RequestOutputKind, got {self.output_kind!r}")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputs
+        ):
+            raise bad(
+                "structured_outputs",
+                f"must be a StructuredOutputs, got {type(self.structured_outputs).__name__}",
+            )
 
 
 def _is_int(v: object) -> bool:

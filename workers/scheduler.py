@@ -5,7 +5,8 @@ prefilled prompts take a chunk), then waiting sequences in arrival order while t
 budget, `max_num_seqs` and KV blocks last. A long prompt is split across steps, so running
 decodes are never starved. When blocks run out, the most recently admitted running
 sequence is preempted: its blocks are freed and it goes back to the front of the queue to
-be recomputed later (reusing whatever the prefix cache still holds).
+be recomputed later (reusing whatever the prefix cache still holds). A waiting sequence
+whose grammar is still compiling (constrained decoding) is passed over, not waited for.
 
 A sequence the whole cache cannot hold never loops: once it needs more blocks than the cache
 has, or cannot grow (running) or be admitted (waiting) with every other block free, it is
@@ -114,6 +115,9 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.gate is not None and not seq.gate.prefill_done and not seq.gate.finished:
                 skipped.append(self.waiting.popleft())  # wait for the sibling's prompt blocks
+                continue
+            if seq.grammar_pending:
+                skipped.append(self.waiting.popleft())  # its grammar is still compiling
                 continue
             cached = self.bm.lookup_prefix(seq) if seq.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.bm.block_size

@@ -18,3 +18,27 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps: int = 0
+    # Constrained decoding (cumulative): requests with structured_outputs, those whose
+    # grammar was already in the compile cache, compiles finished and their total seconds.
+    structured_requests: int = 0
+    grammar_cache_hits: int = 0
+    grammar_compiles: int = 0
+    grammar_compile_seconds: float = 0.0
+    # Seconds of the latest compiles (at most RECENT_COMPILES, oldest first), the last one
+    # being compile number `grammar_compiles`: a reader that remembers the count it saw
+    # takes the new ones, for a histogram, without stats() having to be popped.
+    recent_grammar_compile_seconds: tuple[float, ...] = ()
+
+
+RECENT_COMPILES = 256
+
+
+def new_compile_seconds(stats: EngineStats, seen_compiles: int) -> list[float]:
+    """Compile durations in `stats` after the first `seen_compiles` compiles (those still
+    listed: a reader that falls RECENT_COMPILES behind loses the oldest)."""
+    new = stats.grammar_compiles - seen_compiles
+    if new <= 0:
+        # None new, or fewer than seen: the engine was rebuilt and counts from 0 again.
+        return list(stats.recent_grammar_compile_seconds) if new < 0 else []
+    recent = stats.recent_grammar_compile_seconds
+    return list(recent[-new:]) if new < len(recent) else list(recent)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from workers.sampling_params import SamplingParams
 
 
@@ -33,10 +35,21 @@ class CachedSeq:
 
 
 @dataclass
+class GrammarBitmask:
+    """The tokens each constrained sequence that samples this step may take: row i is
+    `seq_ids[i]`'s mask, bit t % 32 of int32 word t // 32 set when token t is allowed. Packed,
+    so it travels to the ranks in the step input for 1/32 of a bool mask's bytes."""
+
+    seq_ids: list[str]
+    bits: np.ndarray  # [len(seq_ids), ceil(vocab / 32)] int32
+
+
+@dataclass
 class StepInput:
     new: list[NewSeq] = field(default_factory=list)
     cached: list[CachedSeq] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)  # finished, aborted or preempted
+    grammar: GrammarBitmask | None = None  # constrained rows only; None when there are none
 
 
 @dataclass

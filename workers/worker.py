@@ -18,7 +18,7 @@ from workers.distributed import TPGroup
 from workers.loader import load_weights
 from workers.model_runner import SeqState, prepare_inputs
 from workers.models import build_model
-from workers.step import StepInput, StepOutput
+from workers.step import GrammarBitmask, StepInput, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,23 @@ class Worker:
         if not rows:
             return StepOutput([], [])
         if all(s.plain_greedy for s in rows):
-            return StepOutput(ids, logits.argmax(dim=-1).tolist())
-        return self._sample(logits, rows, ids)
+            grammar = _grammar_rows(step.grammar, ids)
+            if grammar is not None:  # greedy under a grammar: the argmax of allowed tokens
+                from workers.layers.logits_processors import mask_disallowed
 
-    def _sample(self, logits: torch.Tensor, rows: list[SeqState], ids: list[str]) -> StepOutput:
+                rows_t = torch.tensor(grammar[0], dtype=torch.long, device=logits.device)
+                bits = grammar[1].to(logits.device, non_blocking=True)
+                logits = mask_disallowed(logits.float(), rows_t, bits)
+            return StepOutput(ids, logits.argmax(dim=-1).tolist())
+        return self._sample(logits, rows, ids, step.grammar)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[SeqState],
+        ids: list[str],
+        grammar: GrammarBitmask | None = None,
+    ) -> StepOutput:
         from workers.layers.sampler import logprobs_to_dicts
         from workers.layers.sampling_batch import SamplingBatch
 
@@ -185,10 +198,26 @@ class Worker:
             [s.token_ids[s.prompt_len :] for s in rows],
             device=logits.device,
             vocab_size=logits.shape[-1],
+            grammar=_grammar_rows(grammar, ids),
         )
         out = self.sampler(logits.float(), batch)
         logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
         return StepOutput(ids, out.token_ids.tolist(), logprobs)
+
+
+def _grammar_rows(
+    grammar: GrammarBitmask | None, ids: list[str]
+) -> tuple[list[int], torch.Tensor] | None:
+    """The sampled rows that have a grammar, and their bitmask rows in the same order."""
+    if grammar is None:
+        return None
+    where = {sid: i for i, sid in enumerate(grammar.seq_ids)}
+    rows = [r for r, sid in enumerate(ids) if sid in where]
+    if not rows:
+        return None
+    picked = [where[ids[r]] for r in rows]
+    bits = grammar.bits if picked == list(range(len(grammar.seq_ids))) else grammar.bits[picked]
+    return rows, torch.from_numpy(bits)
 
 
 def _rss_bytes() -> int:

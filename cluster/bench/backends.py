@@ -67,6 +67,12 @@ class HttpBackend:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if req.json_schema:  # constrained: ends with its grammar, max_tokens a cap
+            body["ignore_eos"] = False
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "bench", "schema": json.loads(req.json_schema)},
+            }
         rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
         start = time.perf_counter()
         last = start
@@ -138,6 +144,13 @@ class InProcessBackend:
         from workers import SamplingParams
 
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
+        if req.json_schema:  # constrained: ends with its grammar, max_tokens a cap
+            from workers.structured import StructuredOutputs
+
+            spec = StructuredOutputs.from_schema(json.loads(req.json_schema))
+            params = SamplingParams(
+                max_tokens=req.output_len, temperature=0.0, structured_outputs=spec
+            )
         self._ids += 1
         rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
         start = time.perf_counter()

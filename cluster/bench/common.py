@@ -23,6 +23,9 @@ from typing import Any
 class BenchRequest:
     prompt_ids: tuple[int, ...]
     output_len: int
+    # A JSON schema as JSON text: the request is constrained to it and ends when its grammar
+    # does (output_len is then a cap); "" = free text, exactly output_len tokens (ignore_eos).
+    json_schema: str = ""
 
     @property
     def prompt_len(self) -> int:

@@ -49,6 +49,9 @@ class GrpcBackend:
                 max_tokens=req.output_len, ignore_eos=True, temperature=0.0
             ),
         )
+        if req.json_schema:  # constrained: ends with its grammar, max_tokens a cap
+            msg.sampling.ignore_eos = False
+            msg.sampling.json_schema = req.json_schema
         rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
         start = time.perf_counter()
         last = start

@@ -9,15 +9,19 @@ from cluster.bench.backend_types import BackendContext
 from cluster.config import ServeConfig
 
 _DEFAULTS = ServeConfig()
+APP_NAME = "kvray-bench"
 
 
 class LocalCluster:
     """--launch: a local Ray instance running the kvray app on free ports."""
 
-    def __init__(self, args: argparse.Namespace, max_queued: int) -> None:
+    def __init__(self, args: argparse.Namespace, max_queued: int | None) -> None:
+        """`max_queued`: requests the app must queue without refusing (never fewer than a
+        served app's defaults); None keeps the app's default caps (the overload bench)."""
         self._args = args
-        # Never fewer than a served app's defaults.
-        self._max_queued = max(_DEFAULTS.max_queued_requests, max_queued)
+        self._max_queued = (
+            None if max_queued is None else max(_DEFAULTS.max_queued_requests, max_queued)
+        )
 
     def __enter__(self) -> LocalCluster:
         import ray
@@ -51,6 +55,13 @@ class LocalCluster:
 
         from cluster.app import build_app
 
+        caps = {}
+        if self._max_queued is not None:
+            # A latency benchmark measures load; it must not be turned away with 429s.
+            caps = {
+                "max_queued_requests": self._max_queued,
+                "max_ongoing_requests": max(_DEFAULTS.max_ongoing_requests, self._max_queued),
+            }
         config = ServeConfig(
             model=self._args.model,
             num_replicas=self._args.num_replicas,
@@ -59,12 +70,10 @@ class LocalCluster:
             stream_interval_ms=self._args.stream_interval_ms,
             engine_process=not self._args.no_engine_process,
             kv_cache_memory_bytes=self._args.kv_cache_memory,
-            # A benchmark measures latency under load; it must not be turned away with 429s.
-            max_queued_requests=self._max_queued,
-            max_ongoing_requests=max(_DEFAULTS.max_ongoing_requests, self._max_queued),
+            **caps,
         )
         print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")
-        serve.run(build_app(config), name="kvray-bench", route_prefix="/")
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/")
         return replace(
             base,
             model=config.model_name(),
@@ -75,7 +84,7 @@ class LocalCluster:
     def undeploy(self) -> None:
         from ray import serve
 
-        serve.delete("kvray-bench")
+        serve.delete(APP_NAME)
 
     def __exit__(self, *exc: object) -> None:
         import ray

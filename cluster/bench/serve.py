@@ -4,6 +4,8 @@
     kvray bench serve --backend inprocess,http --launch           # side by side, one command
     kvray bench serve --launch --num-replicas 2 --workload shared-prefix \\
         --request-router prefix_affinity,power_of_two             # router vs router
+    kvray bench serve --launch --num-replicas 2 --overload 2000   # a burst far past the caps
+    kvray bench serve --launch --workload json-schema --rounds 3  # constrained vs free text
 
 Requests are streaming completions with token-id prompts, ignore_eos and max_tokens, so every
 backend does exactly the same work. Arrivals are Poisson at --request-rate (inf: all at once),
@@ -15,7 +17,9 @@ prompt tokens from each response's usage / prompt tokens).
 --request-router); `inprocess` runs first, before Ray starts, so the two never share the CPU.
 
 This module runs the command; the workloads are in serve_workload.py, the statistics and the
-report in serve_report.py, the --launch cluster in launch.py, the backends in backends.py.
+report in serve_report.py, the --launch cluster in launch.py, the backends in backends.py,
+the --overload mode (status counts, /health latency from another process, drain time) in
+overload.py, --workload json-schema (constrained vs unconstrained twins) in serve_structured.py.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.bench import overload
 from cluster.bench.backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.bench.common import (
     BenchRequest,
@@ -40,7 +45,7 @@ from cluster.bench.common import (
     write_result_json,
 )
 from cluster.bench.cpu import cpu_seconds_by_role, ms_per_token
-from cluster.bench.launch import LocalCluster
+from cluster.bench.launch import APP_NAME, LocalCluster
 from cluster.bench.serve_report import compare, format_report, summarize, summary_line
 from cluster.bench.serve_workload import build_workload
 from cluster.config import ROUTERS, ServeConfig
@@ -63,7 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--api-key", default=None, help="Bearer key for the server")
     a("--model", default=None, help="checkpoint dir for the tokenizer / inprocess engine (demo)")
     a("--served-model-name", default=None, help="model id in requests (default: the server's)")
-    a("--workload", choices=("random", "shared-prefix"), default="random")
+    a(
+        "--workload",
+        choices=("random", "shared-prefix", "tenants-zipf", "json-schema"),
+        default="random",
+        help="json-schema: each round, the same prompts with and without response_format "
+        "json_schema; reports constrained/unconstrained (serve_structured.py)",
+    )
     a("--num-prompts", type=int, default=200)
     a("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default inf)")
     a("--max-concurrency", type=int, default=None, help="requests in flight at most")
@@ -71,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--output-len", type=int, default=64, help="output tokens per request")
     a("--num-tenants", type=int, default=4, help="shared-prefix: distinct shared prefixes")
     a("--prefix-len", type=int, default=96, help="shared-prefix: tokens of each tenant's prefix")
+    a("--zipf-s", type=float, default=1.0, help="tenants-zipf: P(tenant k) ~ 1/k^s (tenants.py)")
     a("--seed", type=int, default=0)
     a("--warmup-requests", type=int, default=4)
     a(
@@ -105,6 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the replica's engine core on a thread, not in a child process",
     )
+    overload.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,11 +130,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.launch and not args.base_url and set(backends) - {"inprocess"}:
         print("kvray bench serve: give --base-url or --launch", file=sys.stderr)
         return 2
+    if args.overload and backends != ["http"]:
+        print("kvray bench serve: --overload runs over the http backend only", file=sys.stderr)
+        return 2
     if args.rounds < 1:
         print("kvray bench serve: --rounds must be >= 1", file=sys.stderr)
         return 2
     model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
+    if args.overload:
+        return _overload(args, model_dir, token_ids)
     # Round r's prompts: seed + r, so no round is served from the previous one's prefix cache.
     workloads = [
         build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + r}), token_ids)
@@ -142,6 +160,19 @@ def run(args: argparse.Namespace) -> int:
     comparisons = compare(summaries)
     print()
     print(format_report(summaries, comparisons))
+    if args.workload == "json-schema":
+        from cluster.bench.serve_structured import compare_structured, format_structured
+
+        comparisons["json_schema_vs_unconstrained"] = compare_structured(summaries)
+        print(format_structured(comparisons["json_schema_vs_unconstrained"]))
+    if args.workload == "tenants-zipf":
+        from cluster.bench.tenants import router_cpu_us
+
+        cpu = router_cpu_us(workload, _DEFAULTS.block_size, args.num_replicas)
+        print(
+            "router CPU per decision (in-process replay): "
+            + ", ".join(f"{k} {v:.0f} us" for k, v in cpu.items())
+        )
     if args.result_json:
         write_result_json(
             args.result_json,
@@ -292,6 +323,11 @@ async def _rounds(
     """Every backend once per round, in the same order each round; `group` tells comparisons
     which in-process run a remote one is measured against (one per launched router)."""
     both = ([("inprocess", inprocess)] if inprocess is not None else []) + list(opened)
+    if args.workload == "json-schema":
+        from cluster.bench.serve_structured import structured_rounds
+
+        token_ids = sampleable_token_ids(args.model or _demo_dir())
+        return await structured_rounds(args, workloads, both, token_ids, measure, group)
     summaries = []
     for r, workload in enumerate(workloads):
         for label, backend in both:
@@ -319,6 +355,48 @@ async def _with_server_defaults(ctx: BackendContext) -> BackendContext:
     if grpc_address is None and ctx.base_url:
         grpc_address = f"{urlparse(ctx.base_url).hostname}:{DEFAULT_GRPC_PORT}"
     return replace(ctx, model=model, grpc_address=grpc_address)
+
+
+# -- --overload N (cluster/bench/overload.py) ---------------------------------------------------
+
+
+def _overload(args: argparse.Namespace, model_dir: Path, token_ids: Sequence[int]) -> int:
+    workload = build_workload(
+        argparse.Namespace(**{**vars(args), "num_prompts": args.overload}), token_ids
+    )
+    warmup = warmup_workload(token_ids, seed=args.seed, num=args.warmup_requests)
+    print(
+        f"kvray bench serve --overload: {args.overload} requests at once, {args.input_len} "
+        f"prompt + {args.output_len} output tokens each"
+    )
+    base = BackendContext(
+        model=args.served_model_name or "",
+        model_dir=str(model_dir),
+        base_url=args.base_url,
+        api_key=args.api_key,
+    )
+    with contextlib.ExitStack() as stack:
+        app_name = args.app_name
+        if args.launch:
+            apply_serve_env()  # as `kvray serve` runs it; before anything imports ray.serve
+            # The app's default caps: the point is to go far past them.
+            cluster = stack.enter_context(LocalCluster(args, max_queued=None))
+            ctx = cluster.deploy(args.request_router.split(",")[0].strip(), base)
+            app_name = APP_NAME
+        else:
+            ctx = asyncio.run(_with_server_defaults(base))
+        # Its own event loop, closed before Serve and Ray shut down: the stats handle's router
+        # runs on it and must not outlive them.
+        summary = asyncio.run(
+            overload.run_overload(
+                args, ctx.base_url or "", ctx.model, workload.requests, warmup.requests, app_name
+            )
+        )
+    overload.print_overload(summary)
+    if args.result_json:
+        write_result_json(args.result_json, {"workload": workload.describe(), "overload": summary})
+        print(f"\nwrote {args.result_json}")
+    return 0 if overload.overload_ok(summary) else 1
 
 
 def _demo_dir() -> Path:

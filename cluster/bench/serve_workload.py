@@ -8,9 +8,27 @@ import random
 from collections.abc import Sequence
 
 from cluster.bench.common import BenchRequest, Workload, random_workload
+from cluster.bench.tenants import zipf_tenant_workload
 
 
 def build_workload(args: argparse.Namespace, token_ids: Sequence[int]) -> Workload:
+    if args.workload == "json-schema":
+        from cluster.bench.serve_structured import structured_workload
+
+        return structured_workload(
+            token_ids, num_prompts=args.num_prompts, input_len=args.input_len, seed=args.seed
+        )
+    if args.workload == "tenants-zipf":
+        return zipf_tenant_workload(
+            token_ids,
+            num_prompts=args.num_prompts,
+            num_tenants=args.num_tenants,
+            prefix_len=args.prefix_len,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            zipf_s=args.zipf_s,
+            seed=args.seed,
+        )
     if args.workload == "shared-prefix":
         return tenant_workload(
             token_ids,

@@ -57,7 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--backend", choices=BACKENDS, default="kvray", help="backend to time (default: kvray)")
     a("--compare", action="store_true", help="run every backend on the same workload; print ratios")
-    a("--workload", choices=("default", "shared-prefix"), default="default")
+    a(
+        "--workload",
+        choices=("default", "shared-prefix", "json-schema"),
+        default="default",
+        help="json-schema: constrained vs unconstrained decoding of the same prompts (kvray)",
+    )
     a("--num-prompts", type=int, default=None, help="default 256 (shared-prefix: 64)")
     a("--input-len-range", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     a("--output-len-range", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
@@ -86,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         model_dir = Path(args.model) if args.model else _demo_dir()
+    if args.workload == "json-schema":
+        from cluster.bench.throughput_structured import run_json_schema
+
+        return run_json_schema(args, model_dir, args.device or _default_device())
     token_ids = sampleable_token_ids(model_dir)
     workload = _workload(args, token_ids)
     device = args.device or _default_device()

@@ -15,21 +15,8 @@ def run_kvray(
 ) -> BenchResult:
     from workers import LLM
 
-    args = r.args
-    tp = tensor_parallel_size or args.tensor_parallel_size
-    kwargs: dict[str, Any] = dict(
-        model=str(r.model_dir),
-        tensor_parallel_size=tp,
-        dtype=args.dtype,
-        enable_prefix_caching=prefix_caching,
-        kv_cache_memory_bytes=args.kv_cache_memory,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        seed=args.seed,
-    )
-    if args.device:
-        kwargs["device"] = args.device
-    llm = LLM(**kwargs)
+    tp = tensor_parallel_size or r.args.tensor_parallel_size
+    llm = LLM(**llm_kwargs(r.args, r.model_dir, tp, prefix_caching))
     try:
         _kvray_generate(llm, r.warmup, progress=False)
         before = llm.stats()
@@ -68,6 +55,23 @@ def run_kvray(
         notes=tuple(notes),
         extra=extra,
     )
+
+
+def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict[str, Any]:
+    """The offline LLM's keyword arguments from `kvray bench throughput`'s flags."""
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir),
+        tensor_parallel_size=tp,
+        dtype=args.dtype,
+        enable_prefix_caching=prefix_caching,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        seed=args.seed,
+    )
+    if args.device:
+        kwargs["device"] = args.device
+    return kwargs
 
 
 def _step_timing(

@@ -30,7 +30,7 @@ def serve_config(config: ServeConfig, host: str, port: int, grpc_port: int) -> d
 
     return {
         "proxy_location": "EveryNode",
-        "http_options": {"host": host, "port": port},
+        "http_options": http_options(config, host, port),
         # The gRPC ingress binds grpc_options.port itself (see cluster/grpc_api/ingress.py).
         "grpc_options": grpc_options(grpc_port),
         "applications": [
@@ -77,3 +77,12 @@ def run(args: argparse.Namespace) -> int:
             f.write(text)
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
+
+
+def http_options(config: ServeConfig, host: str, port: int) -> dict[str, Any]:
+    """Serve's http_options: where HTTP listens, and its TLS files when the config has them
+    (Serve's own proxy terminates TLS; see cluster/serve_env.py)."""
+    options: dict[str, Any] = {"host": host, "port": port}
+    if config.tls:
+        options |= {"ssl_certfile": config.tls_cert_file, "ssl_keyfile": config.tls_key_file}
+    return options

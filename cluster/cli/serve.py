@@ -7,10 +7,11 @@ Start-up checks every port a local instance will bind (HTTP, gRPC, metrics, HAPr
 Serve's fallback proxy's) first: a taken one is a one-line error naming it and its holder,
 exit 1; Serve's HAProxy left behind by a killed Ray instance is stopped (cluster/cli/ports.py).
 
-Ctrl-C and SIGTERM (containers, systemd) stop the same way: the application is deleted first,
-so Serve takes its ingress replicas out of HAProxy (new requests are refused) and lets
-in-flight ones finish, for up to --drain-timeout-s; then Serve and Ray stop, and any HAProxy
-of this instance still running is stopped. A second signal exits at once.
+Ctrl-C and SIGTERM (containers, systemd) stop the same way: first the HTTP ingress is told
+to drain (a user_config change: /ready answers 503 and new requests get 503 at once), then
+the application is deleted, so Serve takes its ingress replicas out of HAProxy and lets
+in-flight requests finish, for up to --drain-timeout-s; then Serve and Ray stop, and any
+HAProxy of this instance still running is stopped. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import threading
 import time
 from types import FrameType
 
-from cluster.cli.config import APP_NAME
+from cluster.cli.config import APP_NAME, http_options
 from cluster.cli.flags import add_serve_flags, api_key_from, config_from_flags
 from cluster.cli.ports import (
     Listener,
@@ -37,6 +38,9 @@ from cluster.config import ServeConfig
 from cluster.serve_env import SERVE_ENV, apply_serve_env
 
 logger = logging.getLogger("kvray.serve")
+
+# How long shutting down waits for the ingress to turn draining before deleting the app.
+DRAIN_NOTICE_TIMEOUT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.address:
         # Before anything imports ray.serve: this process starts the local Serve instance and
         # every Ray process inherits its environment.
-        apply_serve_env()
+        apply_serve_env(tls=config.tls)
         problem = check_ports(local_listeners(args))
         if problem:
             print(f"kvray serve: {problem}", file=sys.stderr)
@@ -92,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         "signal received: refusing new requests, in-flight ones get up to %.0f s to finish",
         args.drain_timeout_s,
     )
+    if args.drain_timeout_s > 0:
+        _announce_draining(config)
     _shutdown(args.address, drain_timeout_s=args.drain_timeout_s)
     logger.info("stopped")
     return 0
@@ -169,7 +175,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
     )
     # The gRPC ingress reads its port from here and binds it itself (cluster/grpc_api/ingress.py).
     serve.start(
-        http_options={"host": args.host, "port": args.port},
+        http_options=http_options(config, args.host, args.port),
         grpc_options=grpc_options(args.grpc_port),
     )
     logger.info(
@@ -186,7 +192,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
 
 def banner(config: ServeConfig, args: argparse.Namespace, auth: bool) -> str:
     host = args.host
-    base = f"http://{host}:{args.port}"
+    base = f"{'https' if config.tls else 'http'}://{host}:{args.port}"
     auth_header = f' -H "Authorization: Bearer ${config.api_key_env}"' if auth else ""
     body = f'{{"model": "{config.model_name()}", "prompt": "Once upon a time", "max_tokens": 32}}'
     lines = [
@@ -194,7 +200,8 @@ def banner(config: ServeConfig, args: argparse.Namespace, auth: bool) -> str:
         f"  OpenAI API : {base}/v1   (health: {base}/health)",
     ]
     lines += [
-        f"  gRPC       : {host}:{args.grpc_port}   (kvray.v1.LLMService, grpc.health.v1)",
+        f"  gRPC       : {host}:{args.grpc_port}{' (TLS)' if config.tls else ''}   "
+        "(kvray.v1.LLMService, grpc.health.v1)",
         f"  metrics    : http://{host}:{args.metrics_port}/metrics",
         f"  auth       : {'Bearer key required' if auth else 'off'}",
         "  try:",
@@ -252,6 +259,27 @@ def _shutdown(address: str | None, drain_timeout_s: float) -> None:
         if left:
             logger.info("stopping %d HAProxy process(es) left by Serve", len(left))
             stop_processes(left)
+
+
+def _announce_draining(config: ServeConfig) -> None:
+    """Redeploys the application with its HTTP ingress draining: only the ingress's
+    user_config changes, so Serve reconfigures the running replicas (nothing restarts).
+    Waits at most DRAIN_NOTICE_TIMEOUT_S: shutting down must not hang on it."""
+    from ray import serve
+
+    from cluster.app import build_app
+
+    def redeploy() -> None:
+        try:
+            serve.run(build_app(config, draining=True), name=APP_NAME, route_prefix="/")
+        except Exception as err:  # shutting down anyway
+            logger.warning("could not mark the ingress draining: %s", err)
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=redeploy, name="kvray-drain-notice", daemon=True)
+    worker.start()
+    worker.join(DRAIN_NOTICE_TIMEOUT_S)
+    logger.info("ingress draining (/ready 503) after %.1f s", time.monotonic() - t0)
 
 
 def _drain(timeout_s: float) -> bool:

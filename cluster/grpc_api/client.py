@@ -14,6 +14,7 @@ RPC, which aborts the request on the server and frees its KV cache.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ import grpc.aio
 from kvray.v1 import llm_pb2, llm_pb2_grpc
 
 Prompt = str | Sequence[int]
-Messages = Sequence[Mapping[str, str]]
+Messages = Sequence[Mapping[str, Any]]
 
 # Keyword arguments accepted as sampling options: exactly the SamplingParams message's fields.
 SAMPLING_FIELDS = frozenset(f.name for f in llm_pb2.SamplingParams.DESCRIPTOR.fields)
@@ -36,13 +37,21 @@ def build_generate_request(
     model: str = "",
     request_id: str = "",
     top_logprobs: int | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
     **sampling: Any,
 ) -> llm_pb2.GenerateRequest:
     """A GenerateRequest from Python values.
 
     Give exactly one of `prompt` (text, or token ids) and `messages` (chat, as dicts with
-    role and content). `sampling` holds SamplingParams fields by name (max_tokens=16,
-    temperature=0.0, stop=["\\n"], ...); `top_logprobs` (0-20) asks for log probabilities.
+    role and content, and OpenAI-style tool_calls / tool_call_id). `sampling` holds
+    SamplingParams fields by name (max_tokens=16, temperature=0.0, stop=["\\n"], ...; an
+    output constraint as json_schema=<dict or JSON text>, regex=..., choice=[...],
+    grammar=..., json_object=True); `top_logprobs` (0-20) asks for log probabilities.
+    `tools` (OpenAI tool dicts), `tool_choice` ("auto", "none", "required", or a function
+    name as {"name": ...} or OpenAI's {"type": "function", "function": {"name": ...}}) and
+    `parallel_tool_calls` go with `messages`.
     """
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt and messages")
@@ -51,7 +60,9 @@ def build_generate_request(
         raise TypeError(f"unknown sampling option(s): {', '.join(unknown)}")
     req = llm_pb2.GenerateRequest(model=model, request_id=request_id)
     if messages is not None:
-        req.chat.CopyFrom(chat_messages(messages))
+        req.chat.CopyFrom(chat_messages(messages, tools, tool_choice, parallel_tool_calls))
+    elif tools or tool_choice is not None or parallel_tool_calls is not None:
+        raise ValueError("tools, tool_choice and parallel_tool_calls need messages")
     elif isinstance(prompt, str):
         req.text = prompt
     else:
@@ -59,16 +70,61 @@ def build_generate_request(
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
     sampling = {k: v for k, v in sampling.items() if v is not None}
+    if isinstance(sampling.get("json_schema"), (Mapping, bool)):
+        sampling["json_schema"] = json.dumps(sampling["json_schema"])
+    if isinstance(sampling.get("choice"), (list, tuple)):
+        sampling["choice"] = llm_pb2.Choices(values=sampling["choice"])
     req.sampling.CopyFrom(llm_pb2.SamplingParams(**sampling))
     if top_logprobs is not None:
         req.logprobs.top_logprobs = top_logprobs
     return req
 
 
-def chat_messages(messages: Messages) -> llm_pb2.ChatMessages:
-    return llm_pb2.ChatMessages(
-        messages=[llm_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
-    )
+def chat_messages(
+    messages: Messages,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
+) -> llm_pb2.ChatMessages:
+    chat = llm_pb2.ChatMessages(messages=[_message(m) for m in messages])
+    for t in tools or ():
+        fn = t.get("function", t)  # OpenAI's {"type": "function", "function": {...}} or bare
+        params = fn.get("parameters")
+        chat.tools.add(
+            name=fn["name"],
+            description=fn.get("description") or "",
+            parameters_json=json.dumps(params) if params is not None else "",
+        )
+    if isinstance(tool_choice, str):
+        chat.tool_choice.mode = _TOOL_MODES[tool_choice]
+    elif tool_choice is not None:
+        fn = tool_choice.get("function", tool_choice)
+        chat.tool_choice.function_name = fn["name"]
+    if parallel_tool_calls is not None:
+        chat.parallel_tool_calls = parallel_tool_calls
+    return chat
+
+
+_TOOL_MODES = {
+    "auto": llm_pb2.TOOL_CHOICE_MODE_AUTO,
+    "none": llm_pb2.TOOL_CHOICE_MODE_NONE,
+    "required": llm_pb2.TOOL_CHOICE_MODE_REQUIRED,
+}
+
+
+def _message(m: Mapping[str, Any]) -> llm_pb2.ChatMessage:
+    msg = llm_pb2.ChatMessage(role=m["role"], content=m.get("content") or "")
+    for call in m.get("tool_calls") or ():
+        fn = call.get("function", call)
+        args = fn.get("arguments", {})
+        msg.tool_calls.add(
+            id=call.get("id", ""),
+            name=fn["name"],
+            arguments=args if isinstance(args, str) else json.dumps(args),
+        )
+    if m.get("tool_call_id"):
+        msg.tool_call_id = m["tool_call_id"]
+    return msg
 
 
 def build_tokenize_request(

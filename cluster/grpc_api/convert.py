@@ -15,23 +15,35 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.errors import InvalidRequestError, ModelNotFoundError
+from cluster.grpc_api import constraints
 from cluster.ingress import checks
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
+from cluster.ingress.tool_calls import ToolCall, ToolCallParser, finish_reason
 from kvray.v1 import llm_pb2
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 if TYPE_CHECKING:
+    from cluster.ingress.tools import ToolUse
     from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 
 # /v1/completions' default; chat leaves max_tokens unset (up to the context length).
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
-# SamplingParams message fields that are proto3 `optional` (unset = the engine's default).
-_OPTIONAL_FIELDS = tuple(f.name for f in llm_pb2.SamplingParams.DESCRIPTOR.fields if f.has_presence)
+# SamplingParams message fields that are proto3 `optional` (unset = the engine's default);
+# the output constraint's oneof members are converted on their own (constraints.py).
+_CONSTRAINT_FIELDS = frozenset(
+    f.name for f in llm_pb2.SamplingParams.DESCRIPTOR.oneofs_by_name["structured_outputs"].fields
+)
+_OPTIONAL_FIELDS = tuple(
+    f.name
+    for f in llm_pb2.SamplingParams.DESCRIPTOR.fields
+    if f.has_presence and f.name not in _CONSTRAINT_FIELDS
+)
 _FINISH_REASONS = {
     "stop": llm_pb2.FINISH_REASON_STOP,
     "length": llm_pb2.FINISH_REASON_LENGTH,
     "abort": llm_pb2.FINISH_REASON_ABORT,
+    "tool_calls": llm_pb2.FINISH_REASON_TOOL_CALLS,
 }
 # Ingress / SamplingParams field names -> where the field is in a GenerateRequest.
 _REQUEST_FIELD_PATHS = {
@@ -96,7 +108,7 @@ def chat_messages(
                 f"chat.messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, "
                 f"got {m.role!r}",
             )
-    return [{"role": m.role, "content": m.content} for m in chat.messages]
+    return [constraints.template_message(m) for m in chat.messages]
 
 
 def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, Any]:
@@ -116,6 +128,9 @@ def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, An
         params["include_stop_str_in_output"] = True
     if req.HasField("logprobs"):
         params["logprobs"] = req.logprobs.top_logprobs
+    constraint = constraints.constraint(req)
+    if constraint is not None:
+        params["structured_outputs"] = constraint.spec
     return params
 
 
@@ -137,6 +152,12 @@ class ResponseContext:
     model: str
     top_logprobs: int = 0  # alternatives per position (the request's LogprobsOptions)
     token_text: TokenText | None = None  # token id -> its text; None leaves `token` empty
+    tools: ToolUse | None = None  # chat tools: the output is read for calls when they parse
+
+    def tool_parser(self) -> ToolCallParser | None:
+        if self.tools is None or not self.tools.parses:
+            return None
+        return self.tools.parser()
 
 
 @dataclass
@@ -144,6 +165,8 @@ class StreamState:
     """What a GenerateStream has already told the client (finish is sent once per sample)."""
 
     finished: set[int] = field(default_factory=set)
+    parsers: dict[int, ToolCallParser | None] = field(default_factory=dict)  # per sample
+    calls: dict[int, int] = field(default_factory=dict)  # tool calls sent per sample
 
 
 def stream_response(
@@ -155,7 +178,17 @@ def stream_response(
         newly_finished = c.finish_reason is not None and c.index not in state.finished
         if not (c.delta_token_ids or c.delta_text or newly_finished):
             continue
-        _fill(resp.completions.add(), c, c.delta_text, c.delta_token_ids, c.delta_logprobs, ctx)
+        if c.index not in state.parsers:
+            state.parsers[c.index] = ctx.tool_parser()
+        parser = state.parsers[c.index]
+        text, calls = c.delta_text, []
+        if parser is not None:
+            events = parser.feed(c.delta_text) + (parser.finish() if newly_finished else [])
+            text, calls = _split(events)
+            state.calls[c.index] = state.calls.get(c.index, 0) + len(calls)
+        dst = resp.completions.add()
+        _fill(dst, c, text, c.delta_token_ids, c.delta_logprobs, ctx)
+        _add_calls(dst, c, calls, state.calls.get(c.index, 0))
         if newly_finished:
             state.finished.add(c.index)
     if out.finished:
@@ -169,8 +202,30 @@ def final_response(out: RequestOutput, ctx: ResponseContext) -> llm_pb2.Generate
     """The Generate response: every sample's whole text, from the last (finished) output."""
     resp = llm_pb2.GenerateResponse(request_id=ctx.request_id, model=ctx.model, usage=usage(out))
     for c in sorted(out.outputs, key=lambda c: c.index):
-        _fill(resp.completions.add(), c, c.text, c.token_ids, c.logprobs, ctx)
+        text, calls = c.text, []
+        parser = ctx.tool_parser()
+        if parser is not None:
+            text, calls = _split(parser.feed(c.text) + parser.finish())
+        dst = resp.completions.add()
+        _fill(dst, c, text, c.token_ids, c.logprobs, ctx)
+        _add_calls(dst, c, calls, len(calls))
     return resp
+
+
+def _split(events: list[str | ToolCall]) -> tuple[str, list[ToolCall]]:
+    text = "".join(e for e in events if isinstance(e, str))
+    return text, [e for e in events if isinstance(e, ToolCall)]
+
+
+def _add_calls(
+    dst: llm_pb2.Completion, c: CompletionOutput, calls: list[ToolCall], total: int
+) -> None:
+    """A completion's tool calls; a sample that ended normally with calls ends TOOL_CALLS."""
+    dst.tool_calls.extend(
+        llm_pb2.ToolCall(id=t.id, name=t.name, arguments=t.arguments) for t in calls
+    )
+    if finish_reason(c.finish_reason, total) == "tool_calls":
+        dst.finish_reason = llm_pb2.FINISH_REASON_TOOL_CALLS
 
 
 def usage(out: RequestOutput) -> llm_pb2.Usage:

@@ -149,11 +149,19 @@ class GrpcIngress:
         address = (
             f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         )
-        self._server.add_insecure_port(address)
+        if config.tls:
+            credentials = await asyncio.to_thread(_tls_credentials, config)
+            self._server.add_secure_port(address, credentials)
+        else:
+            self._server.add_insecure_port(address)
         await self._server.start()
         self._ready_task = asyncio.get_running_loop().create_task(self._become_ready())
         self._drain_task: asyncio.Task[None] | None = None
-        logger.info("gRPC ingress listening on %s (reflection, grpc.health.v1)", address)
+        logger.info(
+            "gRPC ingress listening on %s%s (reflection, grpc.health.v1)",
+            address,
+            " over TLS" if config.tls else "",
+        )
 
     async def _become_ready(self) -> None:
         """SERVING once LLMServer answers (the engine is loaded and a replica is routable)."""
@@ -187,6 +195,18 @@ class GrpcIngress:
         # the coroutine; the server is gone with the process then anyway).
         with contextlib.suppress(Exception):
             await self.drain()
+
+
+def _tls_credentials(config: ServeConfig) -> Any:
+    """Server credentials from the PEM files the config names (read on this node)."""
+    from pathlib import Path
+
+    import grpc
+
+    assert config.tls_cert_file is not None and config.tls_key_file is not None
+    key = Path(config.tls_key_file).read_bytes()
+    chain = Path(config.tls_cert_file).read_bytes()
+    return grpc.ssl_server_credentials([(key, chain)])
 
 
 async def _listen_address(settings: GrpcSettings) -> tuple[str, int]:

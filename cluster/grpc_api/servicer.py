@@ -29,8 +29,9 @@ import grpc
 import grpc.aio
 
 from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
+from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv
-from cluster.ingress import checks
+from cluster.ingress import checks, structured
 from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
@@ -117,7 +118,9 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> llm_pb2.TokenizeResponse:
         async def body() -> llm_pb2.TokenizeResponse:
             conv.check_model(request.model, self._served_model)
-            ids = await self._tokens(*conv.prompt_input(request, self._limits))
+            kind, value = conv.prompt_input(request, self._limits)
+            use = constraints.tool_use(request.chat) if kind == "chat" else None
+            ids = await self._tokens(kind, value, use)
             card = await self.model_card()
             return llm_pb2.TokenizeResponse(
                 token_ids=ids, count=len(ids), max_model_len=card["max_model_len"]
@@ -153,7 +156,14 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         conv.check_model(request.model, self._served_model)
         kind, value = conv.prompt_input(request, self._limits)
         params = conv.sampling_params(request, stream=stream, limits=self._limits)
-        ids = await self._tokens(kind, value)
+        # The tools' parameter schemas and the output constraint (its own, or the tool
+        # calls') compile, before routing.
+        use = constraints.tool_use(request.chat) if kind == "chat" else None
+        if use is not None:
+            for c in use.parameter_constraints(lambda i: f"chat.tools[{i}].parameters_json"):
+                await structured.check(c, self._prompts.tokenizer)
+        await structured.check(constraints.constraint(request), self._prompts.tokenizer)
+        ids = await self._tokens(kind, value, use)
         # "prompt" errors of the check name the input member the client set (see status_for).
         inp = checks.engine_input(await self._client.input_checker(), ids, params)
         client_id = request.request_id or f"grpc-{uuid.uuid4().hex}"
@@ -166,15 +176,18 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             model=self._served_model,
             top_logprobs=request.logprobs.top_logprobs if logprobs else 0,
             token_text=self._token_text if logprobs else None,
+            tools=use,
         )
         return GenerateRequest(engine_id, inp), ctx
 
-    async def _tokens(self, kind: str, value: Any) -> list[int]:
-        """Token ids of a prompt input, as the HTTP ingress makes them."""
+    async def _tokens(self, kind: str, value: Any, use: Any = None) -> list[int]:
+        """Token ids of a prompt input, as the HTTP ingress makes them; `use` (a ToolUse)
+        lists a chat's tools in the template."""
         if kind == "token_ids":
             return list(value)  # InputChecker checks them against the vocabulary
         if kind == "chat":
-            return await self._prompts.chat(value, field="chat")
+            tools = use.template_tools() if use is not None else None
+            return await self._prompts.chat(value, field="chat", tools=tools)
         return await self._prompts.text(value, field="text")
 
     async def _rpc(

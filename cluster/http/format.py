@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cluster.http.tool_stream import ToolStream
 from cluster.ingress.token_text import TokenStrings
+from cluster.ingress.tool_calls import ToolCall, finish_reason
 from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+
+if TYPE_CHECKING:
+    from cluster.ingress.tools import ToolUse
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -84,6 +89,7 @@ class Formatter:
         n: int,
         top_logprobs: int | None,
         tok: TokenStrings,
+        tools: ToolUse | None = None,
     ) -> None:
         self.kind = kind
         self.id = request_id
@@ -95,6 +101,22 @@ class Formatter:
         self._offsets: dict[int, int] = {}  # text offset per choice (completions logprobs)
         self._started: set[int] = set()  # chat choices that got their role delta
         self._done: set[int] = set()  # choices whose finish chunk went out
+        # Chat with tools (not tool_choice none): each choice's output is read for calls.
+        self.tools = tools if tools is not None and tools.parses else None
+        self._tool_streams: dict[int, ToolStream] = {}
+
+    def _message(self, c: CompletionOutput) -> tuple[dict[str, Any], str | None]:
+        """A chat choice's message and finish_reason (tool calls read out when asked for)."""
+        if self.tools is None:
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        parser = self.tools.parser()
+        events = parser.feed(c.text) + parser.finish()
+        calls = [e for e in events if isinstance(e, ToolCall)]
+        content = "".join(e for e in events if isinstance(e, str)) or None
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
+        return message, finish_reason(c.finish_reason, len(calls))
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -125,12 +147,13 @@ class Formatter:
                 index = p * self.n + c.index
                 lps = self._logprobs(c, c.token_ids, c.logprobs, index)
                 if self.kind == "chat":
+                    message, finish = self._message(c)
                     choices.append(
                         {
                             "index": index,
-                            "message": {"role": "assistant", "content": c.text},
+                            "message": message,
                             "logprobs": lps,
-                            "finish_reason": c.finish_reason,
+                            "finish_reason": finish,
                         }
                     )
                 else:
@@ -168,6 +191,9 @@ class Formatter:
             lps = (
                 self._logprobs(c, c.delta_token_ids, c.delta_logprobs, index) if with_lps else None
             )
+            if self.kind == "chat" and self.tools is not None:
+                frames.extend(self._tool_chunks(c, index, first, lps))
+                continue
             if self.kind == "chat":
                 delta: dict[str, Any] = {"content": c.delta_text}
                 if first:
@@ -184,6 +210,39 @@ class Formatter:
                 }
                 body = self._base("text_completion")
             body["choices"] = [choice]
+            frames.append(sse(body))
+        return frames
+
+    def _tool_chunks(self, c: CompletionOutput, index: int, first: bool, lps: Any) -> list[str]:
+        """A chat choice's frames when its output is read for tool calls: content and call
+        deltas (cluster/http/tool_stream.py), logprobs on the first, finish on the last."""
+        stream = self._tool_streams.get(index)
+        if stream is None:
+            stream = self._tool_streams[index] = ToolStream(self.tools.parser())
+        finish = c.finish_reason
+        deltas = stream.deltas(c.delta_text, finish is not None)
+        if first:
+            self._started.add(index)
+            head = deltas[0] if deltas and "content" in deltas[0] else {"content": ""}
+            if deltas and head is deltas[0]:
+                deltas[0] = {"role": "assistant", **head}
+            else:
+                deltas.insert(0, {"role": "assistant", **head})
+        if not deltas and (finish is not None or lps is not None):
+            deltas = [{}]
+        reason = stream.finish_reason(finish)
+        frames = []
+        for i, delta in enumerate(deltas):
+            body = self._base("chat.completion.chunk")
+            last = i == len(deltas) - 1
+            body["choices"] = [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": lps if i == 0 else None,
+                    "finish_reason": reason if last else None,
+                }
+            ]
             frames.append(sse(body))
         return frames
 

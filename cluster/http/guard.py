@@ -9,11 +9,16 @@ any size. This ASGI middleware sits in front of the FastAPI app instead:
    behind the key, FastAPI's /docs, /redoc and /openapi.json included.
 2. A Content-Length over `max_body_bytes` is a 413 at once, unread. A body without one
    (chunked) is read up to the limit and is a 413 as soon as it passes it.
-3. The body, now known to be within the limit, is replayed to the app in one message (the
+3. A generation request (POST .../completions) beyond `max_in_flight` of them in this
+   ingress is a 429 + Retry-After at once, unread: more than the engine replicas can hold
+   or queue, which they would refuse anyway, only later. Refusing here costs the event
+   loop nothing, so a burst far past the caps neither slows the refusals nor the probes
+   (/health) that share this loop.
+4. The body, now known to be within the limit, is replayed to the app in one message (the
    app buffers it whole anyway); later `receive` calls (the client's disconnect, which
    streaming responses watch for) go to the server.
 
-Both errors leave as OpenAI's error body, like every other error of the ingress.
+Every error leaves as OpenAI's error body, like every other error of the ingress.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cluster.errors import AuthenticationError, KvrayError
+from cluster.errors import AuthenticationError, KvrayError, QueueFullError
 from cluster.ingress.auth import ApiKeyAuth
 
 Scope = dict[str, Any]
@@ -56,11 +61,20 @@ def api_path(scope: Scope) -> str:
 class RequestGuard:
     """ASGI middleware: auth from the headers, then a bounded, buffered body, then `app`."""
 
-    def __init__(self, app: Any, auth: ApiKeyAuth, max_body_bytes: int, metrics: Any = None):
+    def __init__(
+        self,
+        app: Any,
+        auth: ApiKeyAuth,
+        max_body_bytes: int,
+        metrics: Any = None,
+        max_in_flight: int | None = None,
+    ) -> None:
         self.app = app
         self.auth = auth
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics  # cluster.server.metrics.RouterMetrics, or None
+        self.max_in_flight = max_in_flight  # generation requests at once; None: no cap
+        self.in_flight = 0
 
     def __getattr__(self, name: str) -> Any:  # Ray Serve adds exception handlers to the app
         return getattr(self.app, name)
@@ -84,14 +98,30 @@ class RequestGuard:
         if declared > self.max_body_bytes:
             await send_error(send, RequestTooLargeError(self.max_body_bytes))
             return
-        try:
-            body = await self._read_body(receive)
-        except _TooLarge:
-            await send_error(send, RequestTooLargeError(self.max_body_bytes))
+        counted = scope.get("method") == "POST" and api_path(scope).endswith("/completions")
+        if counted and self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            if self.metrics is not None:
+                self.metrics.rejected("queue_full")
+            await send_error(send, self._full())
             return
-        if body is None:
-            return  # the client left before sending its whole body: nobody to answer
-        await self.app(scope, _replay(body, receive), send)
+        self.in_flight += counted
+        try:
+            try:
+                body = await self._read_body(receive)
+            except _TooLarge:
+                await send_error(send, RequestTooLargeError(self.max_body_bytes))
+                return
+            if body is None:
+                return  # the client left before sending its whole body: nobody to answer
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.in_flight -= counted
+
+    def _full(self) -> QueueFullError:
+        return QueueFullError(
+            f"this ingress holds {self.in_flight} generation requests, as many as the engine "
+            "replicas can run and queue; retry later"
+        )
 
     async def _read_body(self, receive: Any) -> bytes | None:
         """The whole body (at most max_body_bytes); None if the client disconnected first."""
@@ -129,16 +159,14 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 
 async def send_error(send: Any, err: KvrayError) -> None:
-    """`err` as a complete JSON response in OpenAI's error format."""
+    """`err` as a complete JSON response in OpenAI's error format (+ Retry-After)."""
     body = json.dumps(err.to_openai()).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": err.http_status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    retry_after = getattr(err, "retry_after_s", None)
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": err.http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -24,12 +24,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import ServeConfig
-from cluster.errors import InvalidRequestError, KvrayError, ModelNotFoundError, QueueFullError
+from cluster.errors import (
+    DrainingError,
+    InvalidRequestError,
+    KvrayError,
+    ModelNotFoundError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from cluster.http import streams
 from cluster.http.format import Formatter
 from cluster.http.guard import RequestGuard
@@ -39,7 +47,7 @@ from cluster.http.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from cluster.ingress import checks
+from cluster.ingress import checks, structured
 from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
@@ -73,12 +81,26 @@ class OpenAIIngress:
         self.auth = ApiKeyAuth.from_env(config.api_key_env)
         self.limits = RequestLimits.from_config(config)
         self.metrics = RouterMetrics()
+        # Set through Serve's user_config when `kvray serve` begins to shut down: /ready is
+        # 503 and new generation requests are refused while in-flight ones finish.
+        self.draining = False
         logger.info("OpenAIIngress ready: model=%s auth=%s", self.model, self.auth.enabled)
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's hook for the deployment's user_config ({"draining": bool})."""
+        draining = bool(user_config.get("draining", False))
+        if draining and not self.draining:
+            logger.info("draining: /ready is 503, new requests are refused")
+        self.draining = draining
 
     def __serve_build_asgi_app__(self) -> Any:
         # Auth and the body-size bound run before FastAPI reads the body (cluster/http/guard.py).
         guarded = RequestGuard(
-            build_api(self), self.auth, self.config.max_request_body_bytes, self.metrics
+            build_api(self),
+            self.auth,
+            self.config.max_request_body_bytes,
+            self.metrics,
+            max_in_flight=self.config.ingress_max_in_flight(),
         )
         return StatusCounter(guarded, self.metrics)
 
@@ -98,6 +120,8 @@ class OpenAIIngress:
     ) -> Any:
         """Checks every prompt, starts one engine request per prompt, answers with JSON or
         an SSE stream (as `params.output_kind` says)."""
+        if self.draining:
+            raise DrainingError()
         checker = await self.client.input_checker()
         inputs = [checks.engine_input(checker, ids, params, field) for ids in prompts]
         many = len(inputs) > 1
@@ -125,11 +149,64 @@ class OpenAIIngress:
         )
 
 
+class ErrorDetail(BaseModel):
+    """OpenAI's error object, for the OpenAPI schema (bodies come from KvrayError.to_openai)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: int | str | None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+# Every route's errors in the OpenAPI schema: OpenAI's body, never FastAPI's 422 (a body
+# that fails validation is a 400 here), so clients and fuzzers built from the schema know them.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorBody, "description": "A refused request, in OpenAI's error format"},
+    "5XX": {"model": ErrorBody, "description": "A server-side failure, in OpenAI's error format"},
+}
+# The generation routes answer one JSON body, or SSE frames when the request sets stream=true.
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The completion: JSON, or server-sent events with stream=true",
+        "content": {
+            "text/event-stream": {
+                # One event (OpenAPI 3.1): `data` is a chunk as JSON, or [DONE] at the end.
+                "schema": {
+                    "type": "object",
+                    "properties": {"data": {"type": "string"}},
+                    "required": ["data"],
+                }
+            }
+        },
+    }
+}
+
+# The readiness probe's own refusal (draining, or no engine replica answered): not an error body.
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {
+        "description": "Not ready: draining, or no healthy engine replica answered",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"status": {"type": "string"}, "reason": {"type": "string"}},
+                    "required": ["status"],
+                }
+            }
+        },
+    }
+}
+
+
 def build_api(ingress: OpenAIIngress) -> FastAPI:
     """The FastAPI app of one ingress replica; routes close over `ingress`. The API key and
     body size are checked in front of it (RequestGuard)."""
 
-    app = FastAPI(title="kvray")
+    app = FastAPI(title="kvray", responses=ERROR_RESPONSES)
 
     @app.exception_handler(KvrayError)
     async def _kvray_error(_: Request, err: KvrayError) -> JSONResponse:
@@ -152,8 +229,10 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", responses=READY_RESPONSES)
     async def ready() -> JSONResponse:
+        if ingress.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         try:
             await asyncio.wait_for(ingress.llm.check_health.remote(), READY_TIMEOUT_S)
         except Exception as err:  # no healthy engine replica answered in time
@@ -177,10 +256,11 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             ],
         }
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest) -> Any:
         ingress.check_model(body.model)
         params = body.sampling_params(ingress.limits)
+        await structured.check(body.constraint(), ingress.prompts.tokenizer)
         batch = body.prompts()
         ingress.limits.check_prompts(len(batch))
         prompts = await ingress.prompts.batch(batch)
@@ -194,12 +274,23 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
         )
         return await ingress.run(fmt, prompts, params, body.include_usage)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest) -> Any:
         ingress.check_model(body.model)
         ingress.limits.check_messages(len(body.messages))
         params = body.sampling_params(ingress.limits)
-        ids = await ingress.prompts.chat(body.template_messages(), body.add_generation_prompt)
+        # The tools' parameter schemas and the constraint (response_format,
+        # structured_outputs, or the tool calls') compile.
+        tool_use = body.tool_use()
+        if tool_use is not None:
+            for c in tool_use.parameter_constraints(lambda i: f"tools[{i}].function.parameters"):
+                await structured.check(c, ingress.prompts.tokenizer)
+        await structured.check(body.constraint(), ingress.prompts.tokenizer)
+        ids = await ingress.prompts.chat(
+            body.template_messages(),
+            body.add_generation_prompt,
+            tools=tool_use.template_tools() if tool_use is not None else None,
+        )
         top = (body.top_logprobs or 0) if body.logprobs else None
         fmt = Formatter(
             "chat",
@@ -208,6 +299,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             body.n,
             top,
             ingress.token_strings,
+            tools=tool_use,
         )
         # The rendered messages are the prompt: its errors name "messages".
         return await ingress.run(fmt, [ids], params, body.include_usage, field="messages")
@@ -218,7 +310,9 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
         if body.messages is not None:
             ingress.limits.check_messages(len(body.messages))
             ids = await ingress.prompts.chat(
-                [m.as_template_input() for m in body.messages], body.add_generation_prompt
+                [m.as_template_input() for m in body.messages],
+                body.add_generation_prompt,
+                tools=body.template_tools(),
             )
         elif body.prompt is not None:
             ids = await ingress.prompts.text(body.prompt, allow_empty=True)
@@ -241,9 +335,13 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
 def error_response(err: KvrayError, metrics: Any) -> JSONResponse:
     headers = {}
+    retry_after = getattr(err, "retry_after_s", None)
+    if retry_after is not None:  # overloaded (429 queue full, 503 queue timeout)
+        headers["Retry-After"] = str(retry_after)
     if isinstance(err, QueueFullError):
-        headers["Retry-After"] = str(err.retry_after_s)
         metrics.rejected("queue_full")
+    elif isinstance(err, QueueTimeoutError):
+        metrics.rejected("queue_timeout")
     elif err.http_status == 401:
         metrics.rejected("unauthenticated")
     return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)

@@ -5,6 +5,8 @@ is cheaper per streamed chunk. Unknown body fields are ignored (clients send `us
 `service_tier`, ...); known fields with bad values are rejected naming the field. vLLM's extra
 sampling fields (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids,
 skip_special_tokens, include_stop_str_in_output) are accepted because clients already send them.
+Output constraints (`response_format`, vLLM's `structured_outputs` and `guided_*`) and chat
+tools are read by cluster/ingress/structured.py and cluster/ingress/tools.py, shared with gRPC.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cluster.errors import InvalidRequestError
-from cluster.ingress import checks
+from cluster.ingress import checks, structured, tools
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
@@ -49,6 +51,13 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Output constraints: OpenAI's, vLLM's, and vLLM's older names (at most one is set).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
     def sampling_params(self, limits: RequestLimits = DEFAULT_LIMITS) -> SamplingParams:
         """The engine's SamplingParams, validated, with the output kind `stream` needs;
@@ -58,6 +67,11 @@ class _SamplingFields(BaseModel):
 
     def sampling_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def constraint(self) -> structured.Constraint | None:
+        """The request's output constraint and the field it came from (None: unconstrained)."""
+        guided = {name: getattr(self, name) for name in structured.GUIDED_FIELDS}
+        return structured.from_openai(self.response_format, self.structured_outputs, guided)
 
     def common_params(self) -> dict[str, Any]:
         if self.logit_bias:
@@ -84,6 +98,9 @@ class _SamplingFields(BaseModel):
             "repetition_penalty": self.repetition_penalty,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
+        constraint = self.constraint()
+        if constraint is not None:
+            params["structured_outputs"] = constraint.spec
         return params
 
     @property
@@ -133,6 +150,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     def as_template_input(self) -> dict[str, Any]:
         content = self.content
@@ -143,7 +162,14 @@ class ChatMessage(BaseModel):
                     raise InvalidRequestError("messages", "only text content parts are supported")
                 texts.append(part["text"])
             content = "".join(texts)
-        return {"role": self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = tools.template_tool_calls(self.tool_calls, "messages")
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -152,20 +178,26 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
 
+    def tool_use(self) -> tools.ToolUse | None:
+        """The checked tools and tool_choice (None when the request has no tools)."""
+        return tools.tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def constraint(self) -> structured.Constraint | None:
+        """The output constraint: the request's own, or the tool calls' of tool_choice
+        "required" / a named function (both at once is an error naming them)."""
+        use = self.tool_use()
+        found = [super().constraint(), use.constraint() if use is not None else None]
+        return structured.only_one([c for c in found if c is not None])
+
     def sampling_kwargs(self) -> dict[str, Any]:
-        if self.tools:
-            raise InvalidRequestError("tools", "tool calling is not supported")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise InvalidRequestError(
-                "response_format", "only response_format type 'text' is supported"
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs", "top_logprobs needs logprobs=true")
         params = self.common_params()
@@ -185,6 +217,11 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    tools: list[Any] | None = None  # listed by the chat template, as for a chat request
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        use = tools.tool_use(self.tools, None, None)
+        return use.template_tools() if use is not None else None
 
 
 class DetokenizeRequest(BaseModel):

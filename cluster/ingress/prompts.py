@@ -42,16 +42,17 @@ class Prompts:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         field: str = "messages",
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """The chat rendered with the checkpoint's template, as token ids."""
+        """The chat rendered with the checkpoint's template, as token ids; `tools` (OpenAI
+        tool dicts) are passed to the template, which lists them for the model."""
         size = sum(len(m.get("content") or "") for m in messages)
+        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+            size += sum(len(str(t)) for t in tools)
         try:
-            ids = await off_loop(
-                size,
-                self.tokenizer.apply_chat_template,
-                messages,
-                add_generation_prompt=add_generation_prompt,
-            )
+            ids = await off_loop(size, self.tokenizer.apply_chat_template, messages, **kwargs)
         except ValueError as err:  # no template, or the template refused the messages
             raise InvalidRequestError(field, str(err)) from None
         return list(ids)

@@ -29,9 +29,18 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ServeConfig
-from cluster.errors import EngineDeadError, KvrayError, QueueFullError, invalid_from_value_error
+from cluster.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    KvrayError,
+    QueueFullError,
+    QueueTimeoutError,
+    invalid_from_value_error,
+)
 from cluster.server.coalesce import coalesced
-from workers.outputs import RequestOutputKind
+from cluster.server.deadline import with_deadline
+from cluster.server.kv_publish import kv_publisher
+from workers.outputs import RequestOutputKind, is_queue_timeout
 
 if TYPE_CHECKING:
     from cluster.server.messages import GenerateRequest
@@ -75,6 +84,8 @@ class LLMServer:
         self._replica = _replica_name()
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
+        # KV events for the kv_events router, through routing stats (None: another router).
+        self._kv = kv_publisher(config, self._engine)
         import torch
 
         # torch threads follow the CPUs this replica reserves (num_cpus_per_replica).
@@ -93,11 +104,14 @@ class LLMServer:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Streams the engine's RequestOutputs of one checked request (module doc).
 
-        Raises QueueFullError (waiting queue at `max_queued_requests`) or EngineDeadError
-        before the first output.
+        Raises QueueFullError (waiting queue at `max_queued_requests`), QueueTimeoutError (not
+        started within `queue_timeout_s`, the time since the ingress sent it included) or
+        EngineDeadError before the first output; RequestTimeoutError once the request has
+        run `request_timeout_s` (it is aborted).
         """
         inp = request.input
         streamed = inp.params.output_kind is RequestOutputKind.DELTA
+        queue_timeout_s = self._queue_time_left(request)
         queued = self._queued()
         if queued >= self._config.max_queued_requests:
             raise QueueFullError(
@@ -109,7 +123,9 @@ class LLMServer:
         self._streams += streamed
         finished = cancelled = False
         try:
-            stream = self._engine.generate_input(inp, request.request_id)
+            stream = self._engine.generate_input(inp, request.request_id, queue_timeout_s)
+            if self._config.request_timeout_s is not None:
+                stream = with_deadline(stream, self._config.request_timeout_s)
             if streamed:
                 # Outputs that pile up while Serve ships the previous one travel as one message.
                 stream = coalesced(stream, self._interval)
@@ -120,6 +136,14 @@ class LLMServer:
                         # Out of the count now, not when Serve closes this generator later.
                         self._in_flight -= held
                         held = 0
+                        if is_queue_timeout(out):  # never started: nothing was yielded
+                            raise self._queue_timeout()
+                        if _grammar_failed(out):  # never started either
+                            raise InvalidRequestError(
+                                "structured_outputs",
+                                "structured_outputs: the constraint could not be compiled "
+                                f"within grammar_timeout_s ({self._config.grammar_timeout_s:g} s)",
+                            )
                         self._metrics.observe_finished(out)
                     yield out
         except ValueError as err:  # the engine refused it (e.g. a request id already in use)
@@ -139,6 +163,26 @@ class LLMServer:
                 self._engine.abort(request.request_id)
                 if cancelled:
                     self._metrics.observe_aborted()
+
+    def _queue_time_left(self, request: GenerateRequest) -> float | None:
+        """What is left of queue_timeout_s once the time before this replica took the
+        request (Serve's router queue) is counted; None: no limit."""
+        limit = self._config.queue_timeout_s
+        if not limit:
+            return None
+        # Wall clocks of the ingress's node and this one: a skew shifts this by its size.
+        left = limit - max(0.0, time.time() - request.sent_at)
+        if left <= 0:
+            raise self._queue_timeout()
+        return left
+
+    def _queue_timeout(self) -> QueueTimeoutError:
+        limit = self._config.queue_timeout_s
+        return QueueTimeoutError(
+            f"the request waited longer than queue_timeout_s ({limit:g} s) to start: the "
+            "server is overloaded; retry later",
+            retry_after_s=max(1, round(limit / 4)),
+        )
 
     def _queued(self) -> int:
         """Samples in flight here that the engine is not running yet: the waiting queue.
@@ -203,7 +247,17 @@ class LLMServer:
             # A dead engine fails requests fast, so it would look least loaded: the router
             # drops replicas that say False here before Serve replaces them.
             "engine_alive": bool(self._engine.healthy),
+            **({"kv": self._kv.publish()} if self._kv is not None else {}),
         }
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's autoscaling-stats hook: the load LLMAutoscalingPolicy scales on
+        (cluster/server/autoscaling.py). The same engine stats as the kvray_num_requests_waiting
+        and kvray_kv_cache_usage_ratio gauges: the dashboard shows what drives scaling."""
+        from cluster.server.autoscaling import KV_USAGE_STAT, WAITING_STAT
+
+        s = self._engine.stats()
+        return {WAITING_STAT: float(s.num_requests_waiting), KV_USAGE_STAT: float(s.kv_cache_usage)}
 
     def __del__(self) -> None:
         task = getattr(self, "_stats_task", None)
@@ -240,6 +294,15 @@ class LLMServer:
             except Exception:  # metrics must never take the replica down
                 logger.exception("pushing engine stats failed")
             await asyncio.sleep(STATS_INTERVAL_S)
+
+
+def _grammar_failed(out: RequestOutput) -> bool:
+    """A finished output of a request whose constraint never compiled (nothing generated)."""
+    from workers.structured import GRAMMAR_ERROR
+
+    return bool(out.outputs) and all(
+        o.stop_reason == GRAMMAR_ERROR and not o.token_ids for o in out.outputs
+    )
 
 
 def chunk_interval_s(streams: int, cap_ms: int) -> float:

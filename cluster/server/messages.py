@@ -9,7 +9,8 @@ pending request's first argument.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from workers.inputs import EngineInput
 
@@ -21,3 +22,6 @@ class GenerateRequest:
     request_id: str  # unique per engine request (n > 1 samples share it; prompts do not)
     input: EngineInput  # checked: the replica runs it as is
     routing_key: str | None = None  # explicit affinity key; None: hash of the prompt blocks
+    # time.time() when the ingress built it: the time spent before a replica took it (Serve's
+    # router queue) counts toward the replica's queue_timeout_s.
+    sent_at: float = field(default_factory=time.time)

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from workers.stats import new_compile_seconds
+
 if TYPE_CHECKING:
     from workers.outputs import RequestOutput
     from workers.stats import EngineStats
@@ -54,12 +56,17 @@ REQUEST_TOKEN_BUCKETS: tuple[float, ...] = tuple(
 ) + (1_000_000.0,)
 # Tokens per engine step: token budgets are usually powers of two.
 ITERATION_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(18))
+# Grammar compiles (structured outputs): under a millisecond for a regex, seconds for a large
+# schema; grammar_timeout_s (30 s by default) ends the wait.
+GRAMMAR_COMPILE_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 
 # Label values created at 0 up front (see _zero): DESIGN.md's routing decisions, the engine's
 # finish reasons, and the rejection reasons the ingresses use.
 ROUTING_DECISIONS = ("affinity", "load", "fallback")
 FINISH_REASONS = ("stop", "length", "abort")
-REJECT_REASONS = ("queue_full", "unauthenticated")
+REJECT_REASONS = ("queue_full", "queue_timeout", "unauthenticated")
 # Answers the alert rules compute ratios from (success, overload, server error), per protocol:
 # HTTP status codes and gRPC status names.
 ALERTING_CODES = {
@@ -147,6 +154,18 @@ class EngineMetrics:
         self._iteration = histogram(
             "kvray_iteration_tokens", "Tokens processed per engine step.", ITERATION_TOKEN_BUCKETS
         )
+        # Structured outputs (constrained decoding): the counters are created at 0 below.
+        self._structured = counter(
+            "kvray_structured_requests_total", "Requests with structured_outputs."
+        )
+        self._grammar_hits = counter(
+            "kvray_grammar_cache_hits_total", "Structured requests whose grammar was cached."
+        )
+        self._grammar_compile = histogram(
+            "kvray_grammar_compile_seconds",
+            "Seconds to compile one grammar.",
+            GRAMMAR_COMPILE_BUCKETS_S,
+        )
 
         for c in (
             self._preemptions,
@@ -154,6 +173,8 @@ class EngineMetrics:
             self._prefix_hits,
             self._prompt_tokens,
             self._generation_tokens,
+            self._structured,
+            self._grammar_hits,
         ):
             _zero(c, tags)
         for reason in FINISH_REASONS:
@@ -172,6 +193,12 @@ class EngineMetrics:
         self._advance(self._preemptions, "num_preemptions", int(stats.num_preemptions))
         self._advance(self._prefix_queries, "prefix_cache_queries", int(stats.prefix_cache_queries))
         self._advance(self._prefix_hits, "prefix_cache_hits", int(stats.prefix_cache_hits))
+        self._advance(self._structured, "structured_requests", int(stats.structured_requests))
+        self._advance(self._grammar_hits, "grammar_cache_hits", int(stats.grammar_cache_hits))
+        seen = self._last_cumulative.get("grammar_compiles", 0)
+        for seconds in new_compile_seconds(stats, seen):
+            self._grammar_compile.observe(seconds)
+        self._last_cumulative["grammar_compiles"] = int(stats.grammar_compiles)
 
     def _advance(self, counter: Any, key: str, cumulative: int) -> None:
         last = self._last_cumulative.get(key, 0)

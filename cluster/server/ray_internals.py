@@ -159,3 +159,31 @@ def standalone_router(router_cls: type[RequestRouter], name: str, app_name: str)
         handle_source=DeploymentHandleSource.UNKNOWN,
         use_replica_queue_len_cache=True,
     )
+
+
+# -- KV-event routing tests ---------------------------------------------------------------------
+
+
+def handle_request_router(handle: Any) -> RequestRouter | None:
+    """The RequestRouter instance behind a DeploymentHandle routed on Serve's own thread
+    (`_init(_run_router_in_separate_loop=True)`), so a test can read a KV-event router's index.
+
+    Relies on `DeploymentHandle._router` (a SingletonThreadRouter), its `_asyncio_router`
+    (AsyncioRouter) and that one's `request_router` property: Serve exposes no public way
+    to reach the router a handle built.
+    """
+    return handle._router._asyncio_router.request_router
+
+
+def replica_actor(app_name: str, deployment: str, unique_id: str) -> Any:
+    """The actor of one Serve replica (a test kills it to make Serve start a new one).
+
+    Relies on `ReplicaID.to_full_id_str()` being the replica actor's name and on
+    `ray.serve._private.constants.SERVE_NAMESPACE`, where Serve creates its actors.
+    """
+    import ray
+    from ray.serve._private.constants import SERVE_NAMESPACE
+    from ray.serve.request_router import ReplicaID
+
+    rid = ReplicaID(unique_id=unique_id, deployment_id=deployment_id(deployment, app_name))
+    return ray.get_actor(rid.to_full_id_str(), namespace=SERVE_NAMESPACE)

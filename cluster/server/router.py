@@ -21,6 +21,10 @@ a dict. The block size is the engine's (`request_router_kwargs["block_size"]`, f
 ServeConfig via cluster/app.py). Serve internals the router needs are in ray_internals.py.
 
 Replicas whose routing stats say `engine_alive: False` are left out while any other is alive.
+
+`--request-router kv_events` (cluster/server/kv_router.py) routes on what the engines report
+holding instead of this guess; it keeps this rule as its tie-break ("home" replica) and for
+calls with an explicit routing key.
 """
 
 from __future__ import annotations

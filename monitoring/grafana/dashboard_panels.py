@@ -2,12 +2,12 @@
 
 Every row module (dashboard_traffic_rows, dashboard_replica_rows) builds its queries from these
 selectors and helpers, so that sibling panels use the same label filters, rate interval and
-quantile naming. Standard library only, like build_dashboard.py.
+quantile naming. Plain data: build_dashboard.py turns them into grafana-foundation-sdk panels.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 M = 'model=~"$model"'
@@ -35,7 +35,12 @@ class Panel:
     kind: str = "timeseries"  # or "stat"
     width: int = 8
     height: int = 8
-    extra_defaults: dict = field(default_factory=dict)
+    min: float | None = None
+    max: float | None = None
+    decimals: int | None = None
+    soft_min: float | None = None  # the y axis starts here unless the data goes lower
+    # Colour steps of a stat panel: (colour, from value); the first step's value is None.
+    thresholds: tuple[tuple[str, float | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,3 +82,12 @@ def code_ratio(codes: str) -> str:
 # Shared by the overview and the capacity rows: they must count the same replicas.
 ENGINE_REPLICAS = f"count(ray_kvray_kv_cache_blocks{{{M}}})"
 GEN_RATE = rate("ray_kvray_generation_tokens_total", M)
+# The signals LLMServer's autoscaling policy scales on (cluster/server/autoscaling.py), summed
+# over replicas, and the replicas they need at the policy's per-replica targets (dashboard
+# variables): the same as the recording rule model:kvray_replicas_needed:ceil.
+WAITING_SUM = f"sum(max by (replica) (ray_kvray_num_requests_waiting{{{M}}}))"
+KV_USAGE_SUM = f"sum(max by (replica) (ray_kvray_kv_cache_usage_ratio{{{M}}}))"
+WAITING_NEED = f"{WAITING_SUM} / $target_waiting_requests"
+KV_NEED = f"{KV_USAGE_SUM} / $target_kv_cache_usage"
+# `a > b or b`: the larger of the two; `or vector(0)`: no engine running (scaled to zero).
+REPLICAS_NEEDED = f"ceil({WAITING_NEED} > {KV_NEED} or {KV_NEED}) or vector(0)"

@@ -1,21 +1,26 @@
 """The dashboard's rows about how the replicas hold up: saturation, prefix cache, errors and
-rejections, and capacity headroom against the measured peak per replica."""
+rejections, and capacity: the autoscaler's own signals, and headroom against the measured
+peak per replica."""
 
 from __future__ import annotations
 
 from dashboard_panels import (
     ENGINE_REPLICAS,
     GEN_RATE,
+    KV_NEED,
     MR,
     OK_CODES,
     REJECTED_CODES,
+    REPLICAS_NEEDED,
     SERVE,
     SERVER_ERROR_CODES,
+    WAITING_NEED,
     M,
     Panel,
     Row,
     Target,
     code_ratio,
+    quantiles,
     rate,
 )
 
@@ -54,7 +59,8 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 ),
                 unit="percentunit",
                 width=6,
-                extra_defaults={"min": 0, "max": 1},
+                min=0,
+                max=1,
             ),
             Panel(
                 "Preemptions/s",
@@ -88,7 +94,8 @@ REPLICA_ROWS: tuple[Row, ...] = (
                     ),
                 ),
                 unit="percentunit",
-                extra_defaults={"min": 0, "max": 1},
+                min=0,
+                max=1,
             ),
             Panel(
                 "Prefix-cache tokens/s",
@@ -104,6 +111,28 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 "(least loaded), fallback (preferred replica saturated).",
                 (Target(rate("ray_kvray_router_routing_total", by="decision"), "{{decision}}"),),
                 unit="reqps",
+            ),
+        ),
+    ),
+    Row(
+        "Structured outputs",
+        (
+            Panel(
+                "Structured requests/s",
+                "Requests per second with a structured-output constraint (JSON schema, regex, "
+                "choice, grammar, or tool calls), and those whose compiled grammar was cached.",
+                (
+                    Target(rate("ray_kvray_structured_requests_total", M), "constrained"),
+                    Target(rate("ray_kvray_grammar_cache_hits_total", M), "grammar cached"),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Grammar compile time",
+                "Seconds to compile one constraint, off the engine's step loop; a request "
+                "waits for its own (grammar_timeout_s at most), others do not.",
+                quantiles("ray_kvray_grammar_compile_seconds", M, (0.5, 0.99)),
+                unit="s",
             ),
         ),
     ),
@@ -151,6 +180,30 @@ REPLICA_ROWS: tuple[Row, ...] = (
         "Capacity and headroom",
         (
             Panel(
+                "Replicas needed (autoscaler signals)",
+                "Replicas the current load needs by the signals the autoscaler scales on: "
+                "requests waiting and KV-cache usage, summed over replicas, over their "
+                "per-replica targets (the 'Target waiting requests' and 'Target KV-cache usage' "
+                "variables); the larger of the two, rounded up.",
+                (Target(REPLICAS_NEEDED),),
+                kind="stat",
+                width=6,
+                height=8,
+            ),
+            Panel(
+                "Autoscaler signals vs target",
+                "Each signal the autoscaler scales on, per running replica, as a fraction of its "
+                "target: above 1 it adds replicas (after its upscale delay); well under 1 (0.7) "
+                "it removes them (after its downscale delay).",
+                (
+                    Target(f"{WAITING_NEED} / {ENGINE_REPLICAS}", "waiting requests / target"),
+                    Target(f"{KV_NEED} / {ENGINE_REPLICAS}", "KV-cache usage / target"),
+                    Target("vector(1)", "scale-up threshold"),
+                ),
+                unit="percentunit",
+                width=18,
+            ),
+            Panel(
                 "Utilisation",
                 "Current output tokens/s over what the running engine replicas sustain at peak "
                 "(the 'Peak output tokens/s per replica' variable, measured with "
@@ -160,16 +213,7 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 kind="stat",
                 width=6,
                 height=5,
-                extra_defaults={
-                    "thresholds": {
-                        "mode": "absolute",
-                        "steps": [
-                            {"color": "green", "value": None},
-                            {"color": "orange", "value": 0.7},
-                            {"color": "red", "value": 0.9},
-                        ],
-                    }
-                },
+                thresholds=(("green", None), ("orange", 0.7), ("red", 0.9)),
             ),
             Panel(
                 "Replicas needed now",
@@ -220,9 +264,10 @@ REPLICA_ROWS: tuple[Row, ...] = (
                     Target(ENGINE_REPLICAS, "engine replicas reporting"),
                     Target(f"sum(ray_serve_deployment_replica_healthy{{{SERVE}}})", "healthy"),
                     Target(f"max(ray_serve_autoscaling_target_replicas{{{SERVE}}})", "target"),
+                    Target(REPLICAS_NEEDED, "needed (autoscaler signals)"),
                 ),
                 width=12,
-                extra_defaults={"decimals": 0},
+                decimals=0,
             ),
         ),
     ),

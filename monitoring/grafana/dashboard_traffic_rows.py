@@ -129,7 +129,7 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
                     "ray_kvray_request_generation_tokens", M, (0.5, 0.99), name="generation"
                 ),
                 width=12,
-                extra_defaults={"custom": {"axisSoftMin": 0}},
+                soft_min=0,
             ),
             Panel(
                 "Tokens per engine step",

@@ -103,3 +103,30 @@ def wait_until_idle(app: App, replicas: int, timeout_s: float = 60.0) -> dict[st
         if idle or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
+
+
+def deploy_with_engine_env(
+    name: str,
+    prefix: str,
+    config: Any,
+    ports: ServePorts,
+    env: dict[str, str],
+    **llm_options: Any,
+) -> App:
+    """`deploy` with extra environment variables in the LLMServer replicas (the engines' test
+    hooks, workers/engine_process.py) and LLMServer deployment options overridden (health
+    check periods, ...); no API key. The same application as cluster.app.build_app."""
+    from ray import serve
+
+    from cluster.app import ingress_options, llm_server_options
+    from cluster.grpc_api.ingress import bind_grpc_ingress
+    from cluster.http.ingress import OpenAIIngress
+    from cluster.server.llm_server import LLMServer
+
+    opts = {**llm_server_options(config), **llm_options}
+    opts["ray_actor_options"] = {**opts["ray_actor_options"], "runtime_env": {"env_vars": env}}
+    llm = serve.deployment(LLMServer, **opts).bind(config)
+    grpc = bind_grpc_ingress(config, llm)
+    ingress = serve.deployment(OpenAIIngress, **ingress_options(config)).bind(config, llm, grpc)
+    serve.run(ingress, name=name, route_prefix=prefix)
+    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), None)

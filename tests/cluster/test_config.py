@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from cluster.config import Flag, ServeConfig
+from cluster.config import AUTOSCALING_LOOK_BACK_S, Flag, ServeConfig
 from workers.config import DEFAULT_BLOCK_SIZE
 
 
@@ -75,14 +75,25 @@ def test_args_round_trip() -> None:
 
 def test_autoscaling_config() -> None:
     assert ServeConfig(num_replicas=4).autoscaling_config() is None
-    auto = ServeConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=8)
+    auto = ServeConfig(
+        min_replicas=1,
+        max_replicas=4,
+        target_ongoing_requests=8,
+        autoscaling_policy="ongoing_requests",
+        upscale_delay_s=5.0,
+    )
     assert auto.autoscaling
     assert auto.autoscaling_config() == {
         "min_replicas": 1,
         "max_replicas": 4,
         "initial_replicas": 1,
         "target_ongoing_requests": 8,
+        "look_back_period_s": AUTOSCALING_LOOK_BACK_S,
+        "upscale_delay_s": 5.0,
+        "downscale_delay_s": 120.0,
     }
+    # The default, LLM-signal policy: tests/cluster/server/test_autoscaling_policy.py.
+    assert "policy" in ServeConfig(max_replicas=2).autoscaling_config()
     only_max = ServeConfig(max_replicas=3).autoscaling_config()
     assert only_max["min_replicas"] == 1 and only_max["max_replicas"] == 3
 

@@ -10,11 +10,14 @@ from ray.exceptions import RayTaskError
 
 from cluster.errors import (
     AuthenticationError,
+    DrainingError,
     EngineDeadError,
     InvalidRequestError,
     KvrayError,
     ModelNotFoundError,
     QueueFullError,
+    QueueTimeoutError,
+    RequestTimeoutError,
     as_kvray_error,
     invalid_from_value_error,
     unwrap,
@@ -27,6 +30,9 @@ ALL = [
     ModelNotFoundError("nope"),
     AuthenticationError(),
     KvrayError("boom"),
+    QueueTimeoutError("waited too long", retry_after_s=15),
+    RequestTimeoutError("ran too long"),
+    DrainingError(),
 ]
 
 
@@ -38,7 +44,9 @@ def test_pickle_round_trip_keeps_type_and_fields(err: KvrayError) -> None:
 
 
 def test_status_codes_and_openai_body() -> None:
-    assert [e.http_status for e in ALL] == [400, 429, 503, 404, 401, 500]
+    assert [e.http_status for e in ALL] == [400, 429, 503, 404, 401, 500, 503, 504, 503]
+    assert [e.grpc_code for e in ALL[-3:]] == ["UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAVAILABLE"]
+    assert ALL[-3].retry_after_s == 15  # the HTTP ingress sends it as Retry-After
     assert [e.grpc_code for e in ALL[:4]] == [
         "INVALID_ARGUMENT",
         "RESOURCE_EXHAUSTED",

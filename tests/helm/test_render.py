@@ -98,6 +98,12 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
         assert config.autoscaling
         assert config.min_replicas == serve["autoscaling"]["minReplicas"]
         assert config.max_replicas == serve["autoscaling"]["maxReplicas"]
+        scaling = serve["autoscaling"]
+        assert config.autoscaling_policy == scaling["policy"]
+        assert config.target_waiting_requests == scaling["targetWaitingRequests"]
+        assert config.target_kv_cache_usage == scaling["targetKvCacheUsage"]
+        assert config.upscale_delay_s == scaling["upscaleDelaySeconds"]
+        assert config.downscale_delay_s == scaling["downscaleDelaySeconds"]
     else:
         assert not config.autoscaling
         assert config.num_replicas == serve["replicas"]
@@ -231,7 +237,7 @@ def test_smoke_test_hook_targets_both_services(case):
     (pod,) = [o for o in of_kind(objects, "Pod")]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     (container,) = pod["spec"]["containers"]
-    http_url, grpc_target = container["command"][-2:]
+    http_url, grpc_target = container["command"][3:5]  # after `python -c SCRIPT`
     names = {s["metadata"]["name"] for s in of_kind(objects, "Service")}
     host, port = http_url.removeprefix("http://").split(":")
     assert host in names and int(port) == values["serve"]["httpPort"]
@@ -308,20 +314,32 @@ def test_namespace_is_the_release_namespace(case):
         assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
 
 
-def test_serve_config_has_the_shape_kvray_config_writes(render):
+TLS_VALUES = {"tls": {"enabled": True, "existingSecret": "kvray-tls"}}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        None,
+        TLS_VALUES,
+    ],
+    ids=["plain", "tls"],
+)
+def test_serve_config_has_the_shape_kvray_config_writes(render, values):
     """`kvray config` is the reference Serve config; the chart's must agree on everything
     that is not a per-install value (gRPC options, import path, application name, ...)."""
     from cluster.cli.config import serve_config as kvray_config
     from cluster.config import ServeConfig
 
-    chart = serve_config(only(render(None), "RayService"))
+    chart = serve_config(only(render(values), "RayService"))
     (chart_app,) = chart["applications"]
     http, grpc = chart["http_options"], chart["grpc_options"]
     reference = kvray_config(
         ServeConfig.from_args(chart_app["args"]), http["host"], http["port"], grpc["port"]
     )
-    # args are per install (checked against ServeConfig above); everything else must match.
+    # args are per install (checked against ServeConfig above): each one the chart writes,
+    # tls_cert_file / tls_key_file included, is what `kvray config` writes for that config.
     (reference_app,) = reference["applications"]
-    reference_app.pop("args")
-    chart_app.pop("args")
+    assert chart_app.pop("args").items() <= reference_app.pop("args").items()
+    # Everything else must match.
     assert chart == reference

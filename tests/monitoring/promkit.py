@@ -41,6 +41,9 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_request_prompt_tokens": "histogram",
     "kvray_request_generation_tokens": "histogram",
     "kvray_iteration_tokens": "histogram",
+    "kvray_structured_requests_total": "counter",
+    "kvray_grammar_cache_hits_total": "counter",
+    "kvray_grammar_compile_seconds": "histogram",
     "kvray_router_requests_total": "counter",
     "kvray_router_routing_total": "counter",
     "kvray_router_rejected_total": "counter",
@@ -192,6 +195,8 @@ DASHBOARD_VARIABLES: dict[str, str] = {
     "replica": ".*",
     "peak_tokens_per_replica": "500",
     "target_tokens_per_s": "2000",
+    "target_waiting_requests": "4",
+    "target_kv_cache_usage": "0.8",
     "serve_deployment": "LLMServer",
 }
 

@@ -124,6 +124,7 @@ def test_dashboard_covers_the_capacity_topics() -> None:
         "Latency",
         "Saturation per replica",
         "Prefix cache",
+        "Structured outputs",
         "Errors and rejections",
         "Capacity and headroom",
     }

@@ -208,6 +208,19 @@ def load(stack: Stack) -> list[Served]:
         assert len(usage) == 1
         return Served(usage[0].prompt_tokens, usage[0].completion_tokens)
 
+    def constrained(i: int) -> Served:  # feeds the structured-output metrics
+        # Choices of their own: a new grammar to compile in each wave (the compile-time
+        # histogram needs observations in both for rate() to have data).
+        choices = [f"yes {i}", f"no {i}"]
+        resp = client.completions.create(
+            model=stack.model,
+            prompt=f"{SHARED_PREFIX} Answer {i}:",
+            max_tokens=8,
+            extra_body={"structured_outputs": {"choice": choices}},
+        )
+        assert resp.choices[0].text in choices
+        return Served(resp.usage.prompt_tokens, resp.usage.completion_tokens)
+
     def run(jobs: list[tuple[Callable[[int], Served], int]]) -> list[Served]:
         with ThreadPoolExecutor(max_workers=6) as pool:
             return list(pool.map(lambda job: job[0](job[1]), jobs))
@@ -215,14 +228,20 @@ def load(stack: Stack) -> list[Served]:
     # Two waves. A histogram series is born at its first observation, so Prometheus must
     # scrape the first wave before the second for rate() to see requests at all (what a
     # fleet in steady state always shows).
-    served = run([(completion, i) for i in range(4)] + [(streamed_chat, i) for i in range(2)])
+    served = run(
+        [(completion, i) for i in range(4)]
+        + [(streamed_chat, i) for i in range(2)]
+        + [(constrained, i) for i in range(2)]
+    )
     wait_for(
         lambda: stack.scalar("sum(ray_kvray_time_to_first_token_seconds_count)"),
         lambda v: v is not None and v >= len(served),
         "the first wave in Prometheus",
     )
     served += run(
-        [(completion, i) for i in range(4, 16)] + [(streamed_chat, i) for i in range(2, 8)]
+        [(completion, i) for i in range(4, 16)]
+        + [(streamed_chat, i) for i in range(2, 8)]
+        + [(constrained, i) for i in range(2, 4)]
     )
 
     # Client errors, so the error panels and the code label have something to show.

@@ -1,4 +1,5 @@
-"""Property-based test of the block manager's invariants under random operations."""
+"""Property-based test of the block manager's invariants under random operations (its KV
+events, replayed, always give exactly its prefix cache)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workers.block_manager import BlockManager
+from workers.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from workers.request import Seq
 from workers.sampling_params import SamplingParams
 
@@ -39,10 +41,24 @@ def _check(bm: BlockManager, live: dict[int, Seq]) -> None:
                 assert bm.blocks[bid].tokens == tuple(seq.token_ids[i * BS : (i + 1) * BS])
 
 
+def _replay(events: tuple, cache: set[int]) -> None:
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            assert not cache & set(ev.block_hashes), "stored twice without a removal"
+            cache.update(ev.block_hashes)
+        elif isinstance(ev, BlockRemoved):
+            assert set(ev.block_hashes) <= cache, "removed what was never stored"
+            cache.difference_update(ev.block_hashes)
+        else:
+            assert isinstance(ev, AllBlocksCleared)
+            cache.clear()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, vocab=st.integers(2, 4))
 def test_random_operations_keep_invariants(ops, vocab) -> None:  # noqa: ANN001
-    bm = BlockManager(num_blocks=12, block_size=BS, enable_caching=True)
+    bm = BlockManager(num_blocks=12, block_size=BS, enable_caching=True, kv_events=True)
+    replayed: set[int] = set()  # the cache as a KV-event reader sees it
     live: dict[int, Seq] = {}
     counter = 0
     for kind, slot, arg in ops:
@@ -78,6 +94,8 @@ def test_random_operations_keep_invariants(ops, vocab) -> None:  # noqa: ANN001
         elif kind == "evict":
             bm.reset_prefix_cache()
         _check(bm, live)
+        _replay(bm.pop_kv_events(), replayed)
+        assert replayed == set(bm.cached)
     for seq in live.values():
         bm.free(seq)
     bm.check_invariants()

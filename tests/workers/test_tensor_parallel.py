@@ -76,6 +76,40 @@ def test_tp2_with_prefix_caching_chunking_and_preemption(demo_dir) -> None:
     assert stats.kv_blocks_used == 0
 
 
+def test_tp2_constrained_decoding_matches_tp1(demo_dir) -> None:
+    """The grammar bitmask travels to the ranks in the step input; rank 0 applies it."""
+    from workers.structured import StructuredOutputs
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    params = [
+        SamplingParams(
+            max_tokens=40,
+            temperature=t,
+            seed=i,
+            structured_outputs=StructuredOutputs.from_schema(schema)
+            if i % 2
+            else StructuredOutputs(regex=r"[a-z]{3,8}( [a-z]{3,8}){2}"),
+        )
+        for i, t in enumerate((0.0, 0.0, 1.0, 1.0))
+    ]
+    prompts = _prompts(4, (5, 20, 9, 30))
+    ref = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20).generate(
+        prompts, params, use_tqdm=False
+    )
+    llm = LLM(str(demo_dir), tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
+    try:
+        out = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    assert [o.outputs[0].text for o in out] == [o.outputs[0].text for o in ref]
+    assert all(o.outputs[0].finish_reason == "stop" for o in out)
+
+
 def test_killing_a_rank_fails_every_request_quickly(demo_dir) -> None:
     eng = AsyncEngine(
         EngineArgs(

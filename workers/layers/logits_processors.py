@@ -1,6 +1,6 @@
-"""What changes the logits before a token is drawn: penalties (on the raw logits), then
-temperature, top-k, top-p and min-p (as -inf). The order and the rules are vLLM's; see
-`workers.layers.sampler` for where they sit in a step.
+"""What changes the logits before a token is drawn: the grammar bitmask (constrained rows),
+penalties (on the raw logits), then temperature, top-k, top-p and min-p (as -inf). The order
+and the rules are vLLM's; see `workers.layers.sampler` for where they sit in a step.
 """
 
 from __future__ import annotations
@@ -9,6 +9,28 @@ import torch
 from torch import Tensor
 
 from workers.layers.sampling_batch import SamplingBatch
+
+
+def apply_token_bitmask(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    """Constrained rows: tokens their grammar does not allow become -inf. Returns `logits`
+    itself when no row is constrained, a new tensor otherwise."""
+    if batch.grammar_rows is None or batch.grammar_bits is None:
+        return logits
+    return mask_disallowed(logits, batch.grammar_rows, batch.grammar_bits)
+
+
+def mask_disallowed(logits: Tensor, rows: Tensor, bits: Tensor) -> Tensor:
+    """A copy of `logits` where row rows[i] keeps only the tokens set in bits[i] (packed
+    int32, bit t % 32 of word t // 32); the others become -inf."""
+    k, words = bits.shape
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).bool().reshape(k, words * 32)
+    n = min(vocab, words * 32)
+    sub = logits.index_select(0, rows)  # a copy: edited in place below
+    sub[:, :n].masked_fill_(~allowed[:, :n], float("-inf"))
+    sub[:, n:] = float("-inf")  # ids past the mask (past the tokenizer) are never allowed
+    return logits.index_copy(0, rows, sub)
 
 
 def apply_penalties(logits: Tensor, batch: SamplingBatch) -> Tensor:
@@ -72,7 +94,8 @@ def _mask_top_k_top_p(logits: Tensor, batch: SamplingBatch) -> None:
     if batch.top_p_probe and bool(((kept == values.shape[1]) & (top_p <= 1.0)).any()):
         values, ids = _best(logits, vocab_size)
         kept = _top_p_kept(probs, ids, top_p)
-    cutoff = values.gather(1, kept.unsqueeze(1) - 1)
+    # At least the top token: a top_p below float32's range (5e-324) is 0 here, keeping none.
+    cutoff = values.gather(1, kept.clamp(min=1).unsqueeze(1) - 1)
     cutoff.masked_fill_((top_p > 1.0).unsqueeze(1), neg_inf)
     logits.masked_fill_(logits < cutoff, neg_inf)
 

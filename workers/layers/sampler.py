@@ -9,7 +9,8 @@ Interface
 Once per engine step, for the B sequences that need a token this step::
 
     batch = SamplingBatch.build(params, prompt_token_ids, output_token_ids,
-                                device=logits.device, vocab_size=logits.shape[-1])
+                                device=logits.device, vocab_size=logits.shape[-1],
+                                grammar=(rows, packed_bitmask))  # constrained rows, if any
     out = sampler(logits, batch)        # logits: [B, V] float32 on any device
     out.token_ids                       # [B] long, on logits.device
     out.logprobs, out.logprob_token_ids # [B, N+1] or None (N = batch.max_logprobs):
@@ -24,6 +25,8 @@ penalties, min_tokens or logprobs, a step is a single argmax.
 
 Order of operations (vLLM's):
 
+0. Constrained rows (a grammar): tokens the grammar does not allow become -inf, before
+   anything else that reads the logits to choose (logprobs stay the model's own, below).
 1. logprobs are the model's own distribution, ``log_softmax(logits)`` of the raw logits before
    any penalty, min_tokens block or temperature. This is vLLM v1's default ("raw_logprobs")
    and what transformers reports for the same checkpoint, so the two can be compared.
@@ -53,7 +56,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from workers.layers.logits_processors import apply_filters, apply_penalties
+from workers.layers.logits_processors import apply_filters, apply_penalties, apply_token_bitmask
 from workers.layers.sampling_batch import SamplingBatch
 
 _MASK64 = (1 << 64) - 1
@@ -78,6 +81,7 @@ class Sampler:
         if logits.dtype != torch.float32:
             logits = logits.float()
         raw_logprobs = logits.log_softmax(-1) if batch.max_logprobs >= 0 else None
+        logits = apply_token_bitmask(logits, batch)
         logits = apply_penalties(logits, batch)
         if batch.blocked is not None:
             logits = logits.index_put(batch.blocked, _neg_inf(logits))

@@ -52,6 +52,10 @@ class SamplingBatch:
     shared_noise: bool  # some non-greedy row has no seed: draw from the Sampler's generator
     num_logprobs: list[int | None]  # per row, as requested
     max_logprobs: int  # the largest top-N requested, -1 when no row wants logprobs
+    # Constrained decoding: the rows with a grammar and their packed allowed-token masks
+    # ([G, ceil(V / 32)] int32, bit t % 32 of word t // 32 for token t); None when none.
+    grammar_rows: Tensor | None = None  # [G] long
+    grammar_bits: Tensor | None = None
 
     @classmethod
     def build(
@@ -63,6 +67,7 @@ class SamplingBatch:
         device: torch.device | str,
         vocab_size: int,
         blocked_token_ids: list[list[int]] | None = None,
+        grammar: tuple[list[int], Tensor] | None = None,
     ) -> SamplingBatch:
         """Collect per-row options into batched tensors.
 
@@ -70,7 +75,8 @@ class SamplingBatch:
         `output_token_ids` only for rows with a penalty (plus its length, for positions and
         min_tokens); ids must be < vocab_size. `blocked_token_ids` overrides which ids each row
         has blocked this step; by default a row shorter than min_tokens blocks its stop ids and
-        (unless ignore_eos) its EOS ids.
+        (unless ignore_eos) its EOS ids. `grammar` is (rows, packed bitmask rows, a CPU or
+        device int32 tensor) for the constrained rows.
         """
         num_rows = len(params)
         if not (len(prompt_token_ids) == len(output_token_ids) == num_rows):
@@ -136,6 +142,10 @@ class SamplingBatch:
             shared_noise=any(s is None and not g for s, g in zip(seeds, greedy, strict=True)),
             num_logprobs=num_logprobs,
             max_logprobs=min(max(requested), vocab_size) if requested else -1,
+            grammar_rows=(
+                torch.tensor(grammar[0], dtype=torch.long, device=device) if grammar else None
+            ),
+            grammar_bits=grammar[1].to(device, non_blocking=True) if grammar else None,
         )
 
 

@@ -67,6 +67,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+TLS: where the Secret is mounted in the Ray containers (and the smoke test), and the two files
+the Serve config names. The paths are fixed: the application args and http_options carry them,
+and the Secret's keys (tls.crt, tls.key) are those of every kubernetes.io/tls Secret.
+*/}}
+{{- define "kvray.tlsDir" -}}
+/etc/kvray/tls
+{{- end }}
+
+{{- define "kvray.tlsCertFile" -}}
+{{- printf "%s/tls.crt" (include "kvray.tlsDir" .) }}
+{{- end }}
+
+{{- define "kvray.tlsKeyFile" -}}
+{{- printf "%s/tls.key" (include "kvray.tlsDir" .) }}
+{{- end }}
+
+{{/*
 Cross-field checks the JSON schema cannot express; they fail the render with a message that
 names the values involved.
 */}}
@@ -84,6 +101,12 @@ names the values involved.
 {{- end }}
 {{- if and .Values.rayAuth.enabled (semverCompare "<2.52.0-0" .Values.ray.version) }}
 {{- fail (printf "rayAuth.enabled needs Ray >= 2.52.0 (ray.version is %s): set rayAuth.enabled=false or upgrade Ray" .Values.ray.version) }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "tls.enabled needs tls.existingSecret: the name of a kubernetes.io/tls Secret (keys tls.crt and tls.key) in the release's namespace" }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.probes.enabled) }}
+{{- fail "tls.enabled needs probes.enabled: without the chart's HTTPS probes KubeRay adds its own readiness probe to engine pods, which checks the Serve proxy over plain HTTP and would keep them unready" }}
 {{- end }}
 {{- if and (eq .Values.model.volume.type "none") .Values.model.initContainers }}
 {{- fail "model.initContainers need a volume to fill: set model.volume.type (e.g. emptyDir)" }}

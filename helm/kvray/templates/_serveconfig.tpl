@@ -25,10 +25,20 @@ the application's own defaults apply.
 {{- if not (kindIs "invalid" $e.maxModelLen) }}{{ $_ := set $args "max_model_len" (int64 $e.maxModelLen) }}{{ end }}
 {{- if not (kindIs "invalid" $e.kvCacheMemoryBytes) }}{{ $_ := set $args "kv_cache_memory_bytes" (int64 $e.kvCacheMemoryBytes) }}{{ end }}
 {{- if not (kindIs "invalid" $e.maxNumBatchedTokens) }}{{ $_ := set $args "max_num_batched_tokens" (int64 $e.maxNumBatchedTokens) }}{{ end }}
+{{- /* gRPC over TLS: the gRPC ingress reads these files on the head (the Secret's mount). */}}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $args "tls_cert_file" (include "kvray.tlsCertFile" .) }}
+{{- $_ := set $args "tls_key_file" (include "kvray.tlsKeyFile" .) }}
+{{- end }}
 {{- if $s.autoscaling.enabled }}
 {{- $_ := set $args "min_replicas" (int64 $s.autoscaling.minReplicas) }}
 {{- $_ := set $args "max_replicas" (int64 $s.autoscaling.maxReplicas) }}
 {{- $_ := set $args "target_ongoing_requests" (int64 $s.autoscaling.targetOngoingRequests) }}
+{{- with $s.autoscaling.policy }}{{ $_ := set $args "autoscaling_policy" . }}{{ end }}
+{{- if not (kindIs "invalid" $s.autoscaling.targetWaitingRequests) }}{{ $_ := set $args "target_waiting_requests" (float64 $s.autoscaling.targetWaitingRequests) }}{{ end }}
+{{- if not (kindIs "invalid" $s.autoscaling.targetKvCacheUsage) }}{{ $_ := set $args "target_kv_cache_usage" (float64 $s.autoscaling.targetKvCacheUsage) }}{{ end }}
+{{- if not (kindIs "invalid" $s.autoscaling.upscaleDelaySeconds) }}{{ $_ := set $args "upscale_delay_s" (float64 $s.autoscaling.upscaleDelaySeconds) }}{{ end }}
+{{- if not (kindIs "invalid" $s.autoscaling.downscaleDelaySeconds) }}{{ $_ := set $args "downscale_delay_s" (float64 $s.autoscaling.downscaleDelaySeconds) }}{{ end }}
 {{- else }}
 {{- $_ := set $args "num_replicas" (int64 $s.replicas) }}
 {{- end }}
@@ -36,6 +46,8 @@ the application's own defaults apply.
 {{- end }}
 
 {{/*
+http_options: with TLS, Serve's proxy on every pod terminates HTTPS with the Secret's files (the
+same ones the gRPC ingress reads), as `kvray serve --tls-cert/--tls-key` does.
 grpc_options: kvray's gRPC ingress (cluster/grpc_api/ingress.py) binds grpc_options.port on the head
 itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
 */}}
@@ -47,9 +59,14 @@ itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
   "import_path" "cluster.app:build_app"
   "args" (include "kvray.serveArgs" . | fromYaml)
 }}
+{{- $http := dict "host" "0.0.0.0" "port" (int64 $s.httpPort) }}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $http "ssl_certfile" (include "kvray.tlsCertFile" .) }}
+{{- $_ := set $http "ssl_keyfile" (include "kvray.tlsKeyFile" .) }}
+{{- end }}
 {{- $cfg := dict
   "proxy_location" "EveryNode"
-  "http_options" (dict "host" "0.0.0.0" "port" (int64 $s.httpPort))
+  "http_options" $http
   "grpc_options" (dict "port" (int64 $s.grpcPort) "grpc_servicer_functions" list)
   "applications" (list $app)
 }}

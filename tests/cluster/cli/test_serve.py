@@ -252,8 +252,32 @@ def test_a_taken_port_is_a_one_line_error() -> None:
     assert "Traceback" not in done.stdout + done.stderr
 
 
+def _first_not_ready(base: str) -> tuple[int, int | str]:
+    """The first /ready status other than 200 after a signal, and what a new completion
+    request gets right then: a status, or "closed" once the listener is going away (a hang
+    guard of 60 s, not a measurement)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            status = httpx.get(f"{base}/ready", timeout=10).status_code
+        except httpx.HTTPError as err:
+            raise AssertionError(f"/ready never answered 503: {err!r}") from err
+        if status != 200:
+            body = {"model": "kvray-demo", "prompt": "hi", "max_tokens": 4}
+            try:
+                r = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+            except httpx.HTTPError:
+                return status, "closed"
+            if r.status_code == 503:
+                assert r.json()["error"]["type"] == "service_unavailable", r.text
+            return status, r.status_code
+        time.sleep(0.05)
+    raise AssertionError("/ready stayed 200 for 60 s after the signal")
+
+
 def _stream(base: str, result: dict[str, object], first_chunk: threading.Event) -> None:
-    body = {"model": "kvray-demo", "prompt": "Once upon a time", "max_tokens": 200,
+    # Long enough to be in flight while the ingress turns draining (about a second).
+    body = {"model": "kvray-demo", "prompt": "Once upon a time", "max_tokens": 1500,
             "ignore_eos": True, "stream": True}  # fmt: skip
     chunks = 0
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=300) as r:
@@ -283,11 +307,21 @@ def test_sigterm_drains_an_in_flight_stream_and_leaves_nothing_running() -> None
         )
         client.start()
         assert first_chunk.wait(timeout=120), result
+        base = f"http://127.0.0.1:{ports.http}"
+        assert httpx.get(f"{base}/ready", timeout=30).status_code == 200
         server.proc.send_signal(signal.SIGTERM)
-        client.join(timeout=300)
+        try:
+            ready, refused = _first_not_ready(base)
+        finally:
+            client.join(timeout=300)
         assert result.get("status") == 200 and result.get("done"), result
-        assert server.proc.wait(timeout=300) == 0
-    server.read_rest()
+        # Readiness fails with 503 at once (before Serve drops the route: 404), and a new
+        # request then is refused, not queued.
+        assert ready == 503, (ready, server.text)
+        assert refused in (503, 404, "closed"), refused
+        rc = server.proc.wait(timeout=300)
+        server.read_rest()
+        assert rc == 0, server.text
     assert "Traceback" not in server.text, server.text
     _assert_all_gone(procs, haproxy_dirs)
 

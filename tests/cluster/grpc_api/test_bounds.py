@@ -64,3 +64,10 @@ def test_non_finite_floats(client: KvrayClient, field: str) -> None:
         f"sampling.{field}",
         "finite",
     )
+
+
+@pytest.mark.parametrize("field", ["top_p", "min_p", "temperature", "repetition_penalty"])
+def test_denormal_floats_still_serve(client: KvrayClient, field: str) -> None:
+    # Found by test_fuzz: 5e-324 is 0.0 in the engine's float32 tensors (see the HTTP test).
+    reply = client.generate("hi", max_tokens=2, **{field: 5e-324})
+    assert reply.completions[0].finish_reason != 0  # finished (stop or length)

@@ -4,6 +4,8 @@ HTTP side, and the offline engine as the oracle."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
@@ -107,3 +109,117 @@ def test_logprobs_equal_the_http_api(client: KvrayClient, openai_client: Any) ->
         client.generate_stream(PROMPTS[0], max_tokens=6, temperature=0.0, top_logprobs=2)
     )
     assert [lp for p in streamed for s in p.completions for lp in s.logprobs] == list(c.logprobs)
+
+
+# -- structured outputs and tool calls (issue 16) ---------------------------------------------
+
+ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "n", "ok"],
+    "additionalProperties": False,
+}
+REGEX = r"[A-Z][a-z]{2,5} [0-9]{2}"
+CHOICES = ["north", "south", "east west"]
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "weather", "parameters": CITY}},
+    {"type": "function", "function": {"name": "noop"}},
+]
+
+
+def _both(client: KvrayClient, **kw: Any) -> list[tuple[str, int, list[llm_pb2.ToolCall]]]:
+    """(text, finish_reason, tool calls) of completion 0, from Generate and GenerateStream."""
+    unary = client.generate(**kw).completions[0]
+    pieces = [c for p in client.generate_stream(**kw) for c in p.completions]
+    streamed = (
+        "".join(c.text for c in pieces),
+        pieces[-1].finish_reason,
+        [t for c in pieces for t in c.tool_calls],
+    )
+    return [(unary.text, unary.finish_reason, list(unary.tool_calls)), streamed]
+
+
+def test_constrained_outputs(client: KvrayClient) -> None:
+    import jsonschema
+
+    stop = llm_pb2.FINISH_REASON_STOP
+    for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3}):
+        opts = {"messages": CHAT, "max_tokens": 120, **sampling}
+        for text, finish, _ in _both(client, json_schema=ITEM, **opts):
+            assert finish == stop
+            jsonschema.validate(json.loads(text), ITEM)
+        for text, finish, _ in _both(client, regex=REGEX, **opts):
+            assert finish == stop and re.fullmatch(REGEX, text), text
+        for text, finish, _ in _both(client, choice=CHOICES, **opts):
+            assert finish == stop and text in CHOICES
+        for text, finish, _ in _both(client, grammar='start: "on" | "off"', **opts):
+            assert finish == stop and text in ("on", "off")
+    # Text prompts take constraints too.
+    (text, _, _), _ = _both(client, prompt="x", regex="[0-9]{4}", max_tokens=9)
+    assert re.fullmatch("[0-9]{4}", text)
+
+
+def test_required_and_named_tool_calls(client: KvrayClient) -> None:
+    import jsonschema
+
+    for choice, names, parallel in (
+        ("required", {"weather", "noop"}, False),
+        ({"name": "weather"}, {"weather"}, None),
+    ):
+        for text, finish, calls in _both(
+            client,
+            messages=CHAT,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=parallel,
+            max_tokens=200,
+            temperature=0.0,
+        ):
+            assert finish == llm_pb2.FINISH_REASON_TOOL_CALLS and text == ""
+            assert len(calls) == 1
+            for call in calls:
+                assert call.name in names and call.id.startswith("call_")
+                schema = CITY if call.name == "weather" else {"type": "object", "maxProperties": 0}
+                jsonschema.validate(json.loads(call.arguments), schema)
+
+
+def test_bad_constraints_and_tools_are_invalid_argument(client: KvrayClient) -> None:
+    import grpc
+
+    cases = [
+        ({"prompt": "x", "regex": "[a-"}, "sampling.regex"),
+        ({"prompt": "x", "json_schema": {"type": "strin"}}, "sampling.json_schema"),
+        ({"prompt": "x", "grammar": "start: ("}, "sampling.grammar"),
+        (
+            {"messages": CHAT, "tools": TOOLS, "tool_choice": {"name": "nope"}},
+            "chat.tool_choice.function_name",
+        ),
+        ({"messages": CHAT, "tools": TOOLS, "tool_choice": "required", "regex": "a"}, "chat.tools"),
+        (
+            {
+                "messages": CHAT,
+                "tools": [
+                    {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"type": "x"}}},
+                    }
+                ],
+            },
+            "chat.tools[0].parameters_json",
+        ),
+    ]
+    for kw, field in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(max_tokens=4, **kw)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(f"{field}: "), err.value.details()

@@ -158,3 +158,13 @@ def test_in_bounds_requests_still_serve(client: openai.OpenAI, kvray_app: App) -
         stop=["x" * DEFAULT_LIMITS.max_stop_string_chars],
     )
     assert len(out.choices) == 4
+
+
+@pytest.mark.parametrize("field", ["top_p", "min_p", "temperature", "repetition_penalty"])
+def test_denormal_floats_still_serve(client: openai.OpenAI, kvray_app: App, field: str) -> None:
+    # Found by test_fuzz: 5e-324 is 0.0 in the engine's float32 tensors; top_p = 0 made the
+    # top-p filter keep no token, and the step failed with an IndexError.
+    out = client.completions.create(
+        model=kvray_app.model, prompt="hi", max_tokens=2, extra_body={field: 5e-324}
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")

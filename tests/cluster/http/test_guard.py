@@ -141,3 +141,48 @@ def test_through_an_http_client() -> None:
             ]
 
     assert asyncio.run(main()) == [401, 200, 413]
+
+
+def test_generation_requests_beyond_the_cap_are_429_unread_and_probes_still_pass() -> None:
+    """Two generation requests held by a slow app fill a cap of 2: the third is a 429 with
+    Retry-After before its body is read, a probe still reaches the app, and once the two
+    end the next one is served."""
+    gate = asyncio.Event()
+
+    async def slow_app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["path"].endswith("/completions"):
+            await gate.wait()
+        await echo_app(scope, receive, send)
+
+    async def main() -> list[tuple[int, dict, dict]]:
+        guard = RequestGuard(slow_app, ApiKeyAuth(None), LIMIT, max_in_flight=2)
+        calls = [Call([b"{}"], {}) for _ in range(2)]
+        held = [asyncio.create_task(guard(c.scope, c.receive, c.send)) for c in calls]
+        await asyncio.sleep(0.05)
+        over, probe = Call([b"{}"], {}), Call([b""], {}, path="/health")
+        await guard(over.scope, over.receive, over.send)
+        await guard(probe.scope, probe.receive, probe.send)
+        assert over.pulled == 0 and guard.in_flight == 2
+        gate.set()
+        await asyncio.gather(*held)
+        after = Call([b"{}"], {})
+        await guard(after.scope, after.receive, after.send)
+        assert guard.in_flight == 0
+        return [
+            (c.sent[0]["status"], dict(c.sent[0]["headers"]), json.loads(c.sent[1]["body"]))
+            for c in (over, probe, after)
+        ]
+
+    (over, o_headers, o_body), (probe, _, _), (after, _, _) = asyncio.run(main())
+    assert over == 429 and o_headers[b"retry-after"] == b"1"
+    assert _openai_error(o_body, 429)["type"] == "rate_limit_exceeded"
+    assert probe == 200 and after == 200
+
+
+def test_the_ingress_cap_is_what_the_replicas_can_hold() -> None:
+    from cluster.config import ServeConfig
+
+    one = ServeConfig(max_ongoing_requests=256, max_queued_requests=128)
+    assert one.ingress_max_in_flight() == 2 * 256 + 128
+    scaled = ServeConfig(min_replicas=0, max_replicas=3, ingress_replicas=2)
+    assert scaled.ingress_max_in_flight() == -(-(4 * 256 + 128) // 2)

@@ -205,7 +205,11 @@ def test_include_usage_and_cached_prompt_tokens(client: openai.OpenAI, demo_dir:
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
         ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
-        ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, "tools"),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "tools": [{"type": "function"}]},
+            "tools[0].function",
+        ),
         ("/tokenize", {}, "prompt"),
         ("/detokenize", {"tokens": [-5]}, "tokens"),
     ],

@@ -117,8 +117,8 @@ def test_completion_errors_name_the_field(body: dict[str, Any], field: str) -> N
     ("body", "field"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"max_completion_tokens": 0}, "max_tokens"),
     ],
 )

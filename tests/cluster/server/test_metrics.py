@@ -324,7 +324,19 @@ def test_router_counters_carry_their_labels(exporter: Any) -> None:
 
 
 def feed_one_of_everything(host: Host) -> None:
-    host.call("engine", "observe_stats", EngineStats(kv_blocks_total=8, num_preemptions=1))
+    host.call(
+        "engine",
+        "observe_stats",
+        EngineStats(
+            kv_blocks_total=8,
+            num_preemptions=1,
+            structured_requests=2,
+            grammar_cache_hits=1,
+            grammar_compiles=1,
+            grammar_compile_seconds=0.002,
+            recent_grammar_compile_seconds=(0.002,),
+        ),
+    )
     host.call("engine", "observe_finished", finished(3, [2], ["stop"], 1.0, 0.01, [0.01]))
     host.call("engine", "observe_step_tokens", [3, 1])
     host.call("router", "request", "http", "200")

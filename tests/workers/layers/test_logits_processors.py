@@ -116,3 +116,53 @@ def test_greedy_choice_follows_the_penalised_logits() -> None:
     params = [SamplingParams(temperature=0.0, frequency_penalty=0.6), SamplingParams(temperature=0)]
     tokens = sample(logits, params, outputs=[[5, 5], [5, 5]]).token_ids
     assert tokens.tolist() == [6, 5]  # 3 - 2 * 0.6 < 2 for the penalised row only
+
+
+# ------------------------------------------------------------------------- grammar bitmask
+
+
+def _pack(allowed: np.ndarray) -> torch.Tensor:
+    """[G, V] bool -> [G, ceil(V / 32)] int32, bit t % 32 of word t // 32 (llguidance's)."""
+    g, v = allowed.shape
+    padded = np.zeros((g, -(-v // 32) * 32), dtype=bool)
+    padded[:, :v] = allowed
+    return torch.from_numpy(np.packbits(padded, axis=1, bitorder="little").view(np.int32).copy())
+
+
+@pytest.mark.parametrize("vocab", [31, 64, 100])
+def test_token_bitmask_masks_only_constrained_rows_and_disallowed_tokens(vocab: int) -> None:
+    from workers.layers.logits_processors import apply_token_bitmask
+    from workers.layers.sampling_batch import SamplingBatch
+
+    rng = np.random.default_rng(vocab)
+    logits = torch.from_numpy(rng.normal(size=(4, vocab)).astype(np.float32))
+    allowed = rng.random((2, vocab)) < 0.3
+    allowed[:, vocab - 1] = True  # the last id, in a partly used word
+    params = [SamplingParams(temperature=0.0)] * 4
+    batch = SamplingBatch.build(
+        params, [[]] * 4, [[]] * 4, device="cpu", vocab_size=vocab, grammar=([1, 3], _pack(allowed))
+    )
+    out = apply_token_bitmask(logits, batch)
+    expected = logits.clone()
+    for row, mask in zip([1, 3], allowed, strict=True):
+        expected[row, ~torch.from_numpy(mask)] = float("-inf")
+    assert torch.equal(out, expected)
+    assert not torch.isinf(logits).any()  # the input is left alone
+    # The sampler takes only allowed tokens on the constrained rows.
+    tokens = sample(logits, params, grammar=([1, 3], _pack(allowed))).token_ids
+    assert allowed[0, tokens[1]] and allowed[1, tokens[3]]
+
+
+def test_token_bitmask_narrower_than_the_logits_blocks_the_extra_ids() -> None:
+    from workers.layers.logits_processors import apply_token_bitmask
+    from workers.layers.sampling_batch import SamplingBatch
+
+    logits = torch.zeros(1, 40)
+    logits[0, 39] = 10.0  # an id past the tokenizer, the model's favourite
+    allowed = np.zeros((1, 32), dtype=bool)
+    allowed[0, 5] = True
+    batch = SamplingBatch.build(
+        [SamplingParams()], [[]], [[]], device="cpu", vocab_size=40, grammar=([0], _pack(allowed))
+    )
+    out = apply_token_bitmask(logits, batch)
+    assert torch.isinf(out[0, 32:]).all() and out[0, 5] == 0.0

@@ -43,6 +43,14 @@ def test_top_k_one_equals_greedy() -> None:
     assert torch.equal(out.token_ids, logits.argmax(-1))
 
 
+def test_a_top_p_below_float32s_range_keeps_the_top_token() -> None:
+    # Found by the API fuzz tests: top_p=5e-324 is 0.0 as float32, the top-p filter kept no
+    # token and indexed -1 (an IndexError that failed the engine step).
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(4))
+    out = sample(logits, [SamplingParams(temperature=1.0, top_p=5e-324)] * 8)
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
 def test_greedy_rows_in_a_mixed_batch_still_take_argmax() -> None:
     logits = torch.randn(40, 200, generator=torch.Generator().manual_seed(3)) * 0.3
     params = [

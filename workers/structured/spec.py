@@ -1,0 +1,59 @@
+"""What a request constrains its output to (`StructuredOutputs`): the one type that the
+ingresses build from OpenAI / vLLM / gRPC fields and the engine compiles into a grammar.
+
+Exactly one constraint is set. The value is kept as the user's text (a JSON schema as
+compact JSON, a regex, a grammar) so the spec is hashable and is the key of the engine's
+compile cache. Checking that a schema, regex or grammar compiles is the grammar backend's job
+(`workers.structured`), done at the edge before a request is routed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputs:
+    """One output constraint; build it with one of the keyword fields set (vLLM's names)."""
+
+    json: str | None = None  # a JSON schema, as canonical JSON text (see `from_schema`)
+    json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None  # a grammar in the backend's syntax (Lark / EBNF)
+
+    def __post_init__(self) -> None:
+        set_fields = [name for name in _KINDS if _is_set(getattr(self, name))]
+        if len(set_fields) != 1:
+            raise ValueError(
+                "structured_outputs must set exactly one of "
+                f"{', '.join(_KINDS)}; got {set_fields or 'none'}"
+            )
+        if self.choice is not None and (
+            not self.choice or not all(isinstance(c, str) and c for c in self.choice)
+        ):
+            raise ValueError(
+                "structured_outputs.choice must be a non-empty list of non-empty strings"
+            )
+
+    @property
+    def kind(self) -> str:
+        """The name of the one field that is set: "json", "json_object", "regex", ..."""
+        return next(name for name in _KINDS if _is_set(getattr(self, name)))
+
+    @classmethod
+    def from_schema(cls, schema: dict[str, Any] | bool) -> StructuredOutputs:
+        """A JSON-schema constraint; the same schema text gives equal (cache-sharing) specs.
+
+        Keys keep the schema's order: the grammar emits an object's properties in that
+        order, as OpenAI's structured outputs do, so they are not sorted here."""
+        return cls(json=json.dumps(schema, separators=(",", ":")))
+
+
+_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+def _is_set(value: object) -> bool:
+    return value is not None and value is not False

@@ -78,10 +78,16 @@ class RequestMetrics:
     num_cached_tokens: int = 0
 
 
-def is_queue_timeout(out: RequestOutput) -> bool:
-    """Whether a finished output is a request that timed out in the queue, unrun."""
+def ended_unrun(out: RequestOutput, stop_reason: str) -> bool:
+    """Whether a finished output is a request the engine ended before it generated anything,
+    every sample aborted with `stop_reason` (QUEUE_TIMEOUT, the grammar backend's error)."""
     return (
         out.finished
         and bool(out.outputs)
-        and all(o.stop_reason == QUEUE_TIMEOUT and not o.token_ids for o in out.outputs)
+        and all(o.stop_reason == stop_reason and not o.token_ids for o in out.outputs)
     )
+
+
+def is_queue_timeout(out: RequestOutput) -> bool:
+    """Whether a finished output is a request that timed out in the queue, unrun."""
+    return ended_unrun(out, QUEUE_TIMEOUT)

@@ -40,7 +40,8 @@ from cluster.errors import (
 from cluster.server.coalesce import coalesced
 from cluster.server.deadline import with_deadline
 from cluster.server.kv_publish import kv_publisher
-from workers.outputs import RequestOutputKind, is_queue_timeout
+from workers.outputs import RequestOutputKind, ended_unrun, is_queue_timeout
+from workers.structured import GRAMMAR_ERROR
 
 if TYPE_CHECKING:
     from cluster.server.messages import GenerateRequest
@@ -138,7 +139,7 @@ class LLMServer:
                         held = 0
                         if is_queue_timeout(out):  # never started: nothing was yielded
                             raise self._queue_timeout()
-                        if _grammar_failed(out):  # never started either
+                        if ended_unrun(out, GRAMMAR_ERROR):  # never started either
                             raise InvalidRequestError(
                                 "structured_outputs",
                                 "structured_outputs: the constraint could not be compiled "
@@ -294,15 +295,6 @@ class LLMServer:
             except Exception:  # metrics must never take the replica down
                 logger.exception("pushing engine stats failed")
             await asyncio.sleep(STATS_INTERVAL_S)
-
-
-def _grammar_failed(out: RequestOutput) -> bool:
-    """A finished output of a request whose constraint never compiled (nothing generated)."""
-    from workers.structured import GRAMMAR_ERROR
-
-    return bool(out.outputs) and all(
-        o.stop_reason == GRAMMAR_ERROR and not o.token_ids for o in out.outputs
-    )
 
 
 def chunk_interval_s(streams: int, cap_ms: int) -> float:

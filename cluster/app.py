@@ -29,18 +29,26 @@ INGRESS_MAX_ONGOING_REQUESTS = 4096
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 
-def build_app(
-    args: Mapping[str, Any] | ServeConfig | None = None, *, draining: bool = False
-) -> serve.Application:
+def build_app(args: Mapping[str, Any] | ServeConfig | None = None) -> serve.Application:
     """The application: OpenAIIngress and GrpcIngress bound to one LLMServer deployment.
 
-    `draining=True` is the same application with the HTTP ingress refusing new requests
-    (/ready 503): deploying it over the running one only reconfigures the ingress replicas
-    (a user_config change), which is how `kvray serve` begins a graceful shutdown."""
+    One parameter, as Serve requires of an application builder (`serve deploy` calls it with
+    the config's `args:` mapping)."""
+    config = args if isinstance(args, ServeConfig) else ServeConfig.from_args(args)
+    return _bind(config, draining=False)
+
+
+def build_draining_app(config: ServeConfig) -> serve.Application:
+    """The same application with the HTTP ingress refusing new requests (/ready 503):
+    deploying it over the running one only reconfigures the ingress replicas (a user_config
+    change), which is how `kvray serve` begins a graceful shutdown."""
+    return _bind(config, draining=True)
+
+
+def _bind(config: ServeConfig, draining: bool) -> serve.Application:
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
 
-    config = args if isinstance(args, ServeConfig) else ServeConfig.from_args(args)
     llm = serve.deployment(LLMServer, **llm_server_options(config)).bind(config)
     # The gRPC ingress runs its own server; binding it into the HTTP ingress's arguments is
     # what makes Serve deploy it as part of this application.
@@ -100,7 +108,9 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         "request_router_config": router,
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
-        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        # Stopped (scale-down, redeploy): in-flight requests run on for this long; Serve then
+        # kills the replica and the ingresses move what is left elsewhere (migration).
+        "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
     }
     autoscaling = config.autoscaling_config()
     if autoscaling is not None:
@@ -119,5 +129,9 @@ def ingress_options(config: ServeConfig, draining: bool = False) -> dict[str, An
         "max_ongoing_requests": INGRESS_MAX_ONGOING_REQUESTS,
         # Light work (parsing, tokenizing): do not hold a CPU a replica could use.
         "ray_actor_options": {"num_cpus": 0},
-        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        # The ingress carries the streams of engine replicas being stopped with it: it waits
+        # at least as long as they do.
+        "graceful_shutdown_timeout_s": max(
+            GRACEFUL_SHUTDOWN_TIMEOUT_S, config.graceful_shutdown_timeout_s
+        ),
     }

@@ -37,6 +37,12 @@ AUTOSCALING_LOOK_BACK_S = 11.0
 # examples scrape. The gRPC port's one literal is cluster/grpc_api/ingress.py's.
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 8080
+# Replicas one request may fail on and move away from (cluster/ingress/migration.py): enough
+# for a rolling upgrade plus a crash, few enough that a request which itself kills engines
+# cannot take the whole deployment down with it.
+DEFAULT_MAX_MIGRATIONS = 3
+# ServeConfig.max_queued_tokens (why this size: at the field).
+DEFAULT_MAX_QUEUED_TOKENS = 2**18
 
 # The --help sections the flags are grouped under.
 MODEL_GROUP = "model and engine"
@@ -142,8 +148,25 @@ class ServeConfig:
     enable_prefix_caching: bool = _opt(
         True, "disable the prefix cache", MODEL_GROUP, name="--no-prefix-caching"
     )
+    # workers/compile.py; None leaves it to the engine (on only where measured to win).
+    compile: bool | None = _opt(
+        None,
+        "torch.compile the model forward (CUDA: plus CUDA graphs of decode batches); "
+        "default: the engine's, off on CPU where it does not win",
+        MODEL_GROUP,
+    )
     max_queued_requests: int = _opt(
         128, "waiting requests per replica before HTTP 429", REPLICAS_GROUP
+    )
+    # Prompt tokens waiting to be prefilled per replica (times n) before HTTP 429: what a
+    # queue costs is its prefill, not its request count. 2**18 is max_queued_requests (128)
+    # prompts of 2,048 tokens, about the KV cache a default GPU replica holds, so a queue at
+    # the cap is work the engine can finish in one cache's worth of time. A request larger
+    # than this on its own is still taken when nothing waits.
+    max_queued_tokens: int = _opt(
+        DEFAULT_MAX_QUEUED_TOKENS,
+        "prompt tokens (x n) waiting per replica before HTTP 429",
+        REPLICAS_GROUP,
     )
     # The key itself never enters the config (nor a YAML): only the name of the env var.
     api_key_env: str = _opt(
@@ -216,6 +239,22 @@ class ServeConfig:
         None,
         "seconds a request may take in all on the server; longer: it is aborted, HTTP 504 / "
         "gRPC DEADLINE_EXCEEDED (a stream ends with an error event) (default: no limit)",
+        REPLICAS_GROUP,
+    )
+    # Migration (cluster/ingress/migration.py): a request whose replica, engine or node dies
+    # continues on another replica, token-exact; this many times at most.
+    max_migrations: int = _opt(
+        DEFAULT_MAX_MIGRATIONS,
+        "times a request may move to another replica when the one serving it dies (engine, "
+        "replica, TP rank or node), then HTTP 503 / gRPC UNAVAILABLE; 0: never",
+        REPLICAS_GROUP,
+    )
+    # A replica Serve stops (scale-down, redeploy, rolling upgrade) finishes its requests for
+    # this long; the ones still running then move to other replicas (migration).
+    graceful_shutdown_timeout_s: float = _opt(
+        30.0,
+        "seconds a stopped replica keeps serving its in-flight requests before the rest move "
+        "to other replicas",
         REPLICAS_GROUP,
     )
     request_router: str = _opt(
@@ -312,6 +351,7 @@ class ServeConfig:
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
             "enable_prefix_caching": self.enable_prefix_caching,
+            "compile": self.compile,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,

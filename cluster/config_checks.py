@@ -32,6 +32,7 @@ def validate(cfg: Any) -> None:
         "max_num_seqs",
         "block_size",
         "max_queued_requests",
+        "max_queued_tokens",
         "ingress_replicas",
         "grpc_max_message_bytes",
         "max_request_body_bytes",
@@ -46,6 +47,16 @@ def validate(cfg: Any) -> None:
         need(
             is_int(getattr(cfg, name)) and getattr(cfg, name) >= 1, name, "must be an integer >= 1"
         )
+    need(
+        is_int(cfg.max_migrations) and cfg.max_migrations >= 0,
+        "max_migrations",
+        "must be an integer >= 0",
+    )
+    need(
+        is_num(cfg.graceful_shutdown_timeout_s) and cfg.graceful_shutdown_timeout_s > 0,
+        "graceful_shutdown_timeout_s",
+        "must be a number > 0",
+    )
     need(
         is_int(cfg.stream_interval_ms) and 0 <= cfg.stream_interval_ms <= 10_000,
         "stream_interval_ms",
@@ -97,6 +108,7 @@ def validate(cfg: Any) -> None:
         need(v is None or (isinstance(v, str) and v != ""), name, "must be a file path or null")
     for name in ("enable_prefix_caching", "engine_process"):
         need(isinstance(getattr(cfg, name), bool), name, "must be a boolean")
+    need(cfg.compile is None or isinstance(cfg.compile, bool), "compile", "must be a boolean")
     need(cfg.model is None or isinstance(cfg.model, str), "model", "must be a path string or null")
     need(
         cfg.served_model_name is None

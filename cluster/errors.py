@@ -77,14 +77,30 @@ class QueueFullError(KvrayError):
 
 
 class EngineDeadError(KvrayError):
-    """The replica's engine died; Ray Serve replaces the replica (HTTP 503, gRPC UNAVAILABLE)."""
+    """The replica's engine died; Ray Serve replaces the replica (HTTP 503, gRPC UNAVAILABLE).
+
+    The ingresses migrate a request that fails with it to another replica
+    (cluster/ingress/migration.py): `cause` names what failed (a MIGRATION_CAUSES label) and
+    `replica` the replica it failed on, when known, so the next attempt avoids it.
+    """
 
     http_status = 503
     openai_type = "service_unavailable"
     grpc_code = "UNAVAILABLE"
 
-    def __init__(self, message: str = "engine is not running") -> None:
+    def __init__(
+        self,
+        message: str = "engine is not running",
+        cause: str = "engine_died",
+        replica: str | None = None,
+    ) -> None:
         super().__init__(message)
+        self.cause = cause
+        self.replica = replica
+
+
+# What made a request move to another replica: the label of kvray_request_migrations_total.
+MIGRATION_CAUSES = ("engine_died", "replica_died", "replica_unavailable", "no_replica")
 
 
 class QueueTimeoutError(KvrayError):
@@ -192,9 +208,16 @@ def as_kvray_error(exc: BaseException) -> KvrayError:
 
     if isinstance(inner, BackPressureError):
         return QueueFullError("too many requests queued for the engine replicas; retry later")
-    if isinstance(inner, (DeploymentUnavailableError, ReplicaUnavailableError)):
-        return EngineDeadError(f"no healthy engine replica: {inner}")
-    if isinstance(inner, (RayActorError, ActorDiedError, ActorUnavailableError)):
-        return EngineDeadError(f"engine replica failed: {type(inner).__name__}: {inner}")
+    if isinstance(inner, DeploymentUnavailableError):
+        return EngineDeadError(f"no healthy engine replica: {inner}", cause="no_replica")
+    if isinstance(inner, (ReplicaUnavailableError, ActorUnavailableError)):
+        return EngineDeadError(
+            f"engine replica unavailable: {type(inner).__name__}: {inner}",
+            cause="replica_unavailable",
+        )
+    if isinstance(inner, (RayActorError, ActorDiedError)):
+        return EngineDeadError(
+            f"engine replica failed: {type(inner).__name__}: {inner}", cause="replica_died"
+        )
     logger.error("unexpected error from an engine replica call", exc_info=exc)
     return KvrayError(f"internal error: {type(inner).__name__}: {inner}")

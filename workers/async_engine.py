@@ -80,6 +80,12 @@ class AsyncEngine:
         return isinstance(self._core, EngineThread)
 
     @property
+    def engine_pid(self) -> int | None:
+        """The engine child's process id (a process core), else None: what fault tests and
+        `kvray bench serve --fault-at` kill."""
+        return getattr(self._core, "pid", None)
+
+    @property
     def healthy(self) -> bool:
         return self._dead is None and self._core.is_alive()
 

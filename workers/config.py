@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from workers.compile_sizes import capture_sizes
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -220,6 +222,27 @@ class StructuredConfig:
 
 
 @dataclass(frozen=True)
+class CompilationConfig:
+    """The compiled forward pass (workers/compile.py)."""
+
+    enabled: bool = False  # torch.compile the pieces around attention
+    cuda_graphs: bool = False  # and replay decode-only batches from CUDA graphs (CUDA only)
+    capture_sizes: tuple[int, ...] = ()  # decode batch sizes graphs are captured for
+
+    @staticmethod
+    def resolve(compile: bool | None, device_type: str, max_num_seqs: int) -> CompilationConfig:
+        """`compile` None: on only where it was measured to win. Off on CPU (README,
+        "Compiled forward pass"); off on CUDA until tests/gpu/check.sh has measured it."""
+        if compile is not None and not isinstance(compile, bool):
+            raise ValueError(f"compile must be true, false or null, got {compile!r}")
+        enabled = bool(compile)
+        if not enabled:
+            return CompilationConfig()
+        cuda = device_type == "cuda"
+        return CompilationConfig(True, cuda, capture_sizes(max_num_seqs) if cuda else ())
+
+
+@dataclass(frozen=True)
 class EngineArgs:
     """User-facing knobs; the same names as `LLM(...)` keyword arguments."""
 
@@ -239,6 +262,7 @@ class EngineArgs:
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
     grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S
     kv_events: bool = False  # record prefix-cache KV events (workers/kv_events.py)
+    compile: bool | None = None  # compiled forward pass; None: where it was measured to win
 
     def create_config(self) -> EngineConfig:
         from workers.platform import Platform
@@ -294,6 +318,9 @@ class EngineArgs:
             dtype=str(platform.resolve_dtype(self.dtype, _torch_dtype(model.checkpoint_dtype))),
             seed=self.seed,
             served_model_name=self.served_model_name or Path(model_path).name,
+            compilation=CompilationConfig.resolve(
+                self.compile, platform.device_type, self.max_num_seqs
+            ),
         )
 
 
@@ -345,6 +372,7 @@ class EngineConfig:
     seed: int = 0
     served_model_name: str = "model"
     structured: StructuredConfig = StructuredConfig()
+    compilation: CompilationConfig = CompilationConfig()
 
     @property
     def torch_dtype(self):  # noqa: ANN201

@@ -185,6 +185,10 @@ class OutputText:
         if self.stop is None:
             self.text += self.detokenizer.flush()
 
+    def mark_sent(self, num_chars: int) -> None:
+        """The first `num_chars` characters were streamed already (a resumed sequence)."""
+        self._sent = num_chars
+
     def pop_delta(self, finished: bool) -> str:
         """Text not streamed yet; while running, minus what may still begin a stop string."""
         end = len(self.text)

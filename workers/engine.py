@@ -25,12 +25,13 @@ from workers.output_processor import (
     finish_out_of_cache,
     new_output_state,
     process_token,
+    resume_output_state,
 )
 from workers.outputs import QUEUE_TIMEOUT, RequestMetrics, RequestOutput, RequestOutputKind
 from workers.request import Request, Seq, SeqStatus
 from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler, SchedulerOutput
-from workers.stats import EngineStats
+from workers.stats import EngineStats, waiting_prefill_tokens
 from workers.step import CachedSeq, NewSeq, StepInput
 from workers.structured import GRAMMAR_ERROR, check_structured
 from workers.structured.compiler import GrammarCompiler
@@ -144,8 +145,13 @@ class LLMEngine:
         params = replace(inp.params, eos_token_ids=self.eos_token_ids)
         ids = list(inp.prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
+        # A resumed request (inp.resume) runs only its unfinished samples, each under its own
+        # index (hence seed) and continuing from its earlier outputs: the scheduler recomputes
+        # prompt + outputs as after a preemption, and the sampler's seeded noise depends only
+        # on (seed, outputs so far), so the sample goes on exactly as it would have.
+        resumed = {r.index: r for r in inp.resume}
         seqs: list[Seq] = []
-        for i in range(params.n):
+        for i in sorted(resumed) if resumed else range(params.n):
             p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
             seq = Seq(
                 seq_id=f"{request_id}#{i}",
@@ -155,7 +161,12 @@ class LLMEngine:
                 params=p,
             )
             seq.out = new_output_state(seq, self.tokenizer)
-            if i and self.config.cache.enable_prefix_caching:
+            r = resumed.get(i)
+            if r is not None:
+                resume_output_state(
+                    seq, r.output_token_ids, r.text_sent, r.logprobs, self.max_model_len
+                )
+            if seqs and self.config.cache.enable_prefix_caching:
                 seq.gate = seqs[0]
             seqs.append(seq)
         for seq in seqs:
@@ -231,7 +242,7 @@ class LLMEngine:
             seq = self.seqs[sid]
             if seq.first_token_time is None:
                 seq.first_token_time = now
-                if seq.index == 0:
+                if self.requests[seq.request_id].seqs[0] is seq:  # once per request
                     self.prompt_tokens += seq.prompt_len
             seq.token_ids.append(token)
             seq.token_times.append(now)
@@ -351,6 +362,9 @@ class LLMEngine:
         return EngineStats(
             num_requests_running=len(self.scheduler.running),
             num_requests_waiting=len(self.scheduler.waiting),
+            num_waiting_prefill_tokens=waiting_prefill_tokens(
+                self.scheduler.waiting, self.scheduler.running
+            ),
             kv_blocks_used=bm.num_used_blocks,
             kv_blocks_total=bm.num_blocks,
             kv_cache_usage=bm.usage,

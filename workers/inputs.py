@@ -15,11 +15,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from workers.outputs import TokenLogprobs
 from workers.sampling_params import SamplingParams
 
 
 class _Encoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResumedSample:
+    """One sample of a request that continues on another engine (request migration, see
+    workers/resume.py): what it generated before, and how much of its text the client has.
+
+    The engine re-creates the sample with these outputs (same index, so the same seed), replays
+    them through its output state and continues token-exact where it stopped."""
+
+    index: int  # the sample's index in [0, n): its seed is seed + index
+    output_token_ids: tuple[int, ...]  # every token it generated, handed out or not
+    text_sent: int  # characters of its text the client already received
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # one per output token, when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +44,9 @@ class EngineInput:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams  # validated; eos ids NOT filled (the engine does that)
     prompt: str | None = None  # text, when the caller had it (offline API); None from servers
+    # Empty: a fresh request. Else a resumed one: only these samples run, each continuing
+    # from its outputs (samples that already finished are not listed). See check_resume.
+    resume: tuple[ResumedSample, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,3 +116,54 @@ class InputChecker:
         if not isinstance(prompt, (list, tuple)) or not prompt:
             raise ValueError(f"{field} must be a non-empty string or a non-empty list of token ids")
         return self.check(prompt, params, None, field)
+
+    def check_resume(self, inp: EngineInput, samples: Sequence[ResumedSample]) -> EngineInput:
+        """`inp` (checked already) continuing from `samples`: the unfinished samples of an
+        earlier attempt with what each generated. Errors start with "resume"."""
+        if not isinstance(inp, EngineInput):
+            raise ValueError("resume needs a checked EngineInput")
+        if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence) or not samples:
+            raise ValueError("resume must list at least one unfinished sample")
+        p = inp.params
+        limit, named = self._limit()
+        seen: set[int] = set()
+        for s in samples:
+            if not isinstance(s, ResumedSample):
+                raise ValueError(f"resume samples must be ResumedSample, got {type(s).__name__}")
+            i = s.index
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < p.n:
+                raise ValueError(f"resume sample index {i!r} is outside [0, n={p.n})")
+            if i in seen:
+                raise ValueError(f"resume sample index {i} is listed twice")
+            seen.add(i)
+            out = s.output_token_ids
+            if not isinstance(out, tuple):
+                raise ValueError(f"resume sample {i} output_token_ids must be a tuple of ids")
+            for t in out:
+                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
+                    raise ValueError(
+                        f"resume sample {i} token id {t!r} is outside the vocabulary "
+                        f"[0, {self.vocab_size})"
+                    )
+            total = len(inp.prompt_token_ids) + len(out)
+            if total >= limit:
+                raise ValueError(
+                    f"resume sample {i}: prompt + outputs ({total} tokens) leave no room to "
+                    f"generate within {named}"
+                )
+            if p.max_tokens is not None and len(out) >= p.max_tokens:
+                raise ValueError(
+                    f"resume sample {i} has {len(out)} outputs: max_tokens ({p.max_tokens}) "
+                    "leaves none to generate"
+                )
+            if not isinstance(s.text_sent, int) or isinstance(s.text_sent, bool) or s.text_sent < 0:
+                raise ValueError(f"resume sample {i} text_sent must be an int >= 0")
+            if p.logprobs is None:
+                if s.logprobs is not None:
+                    raise ValueError(f"resume sample {i} has logprobs the request did not ask for")
+            elif s.logprobs is None or len(s.logprobs) != len(out):
+                raise ValueError(
+                    f"resume sample {i} needs one logprobs entry per output token ({len(out)})"
+                )
+        ordered = tuple(sorted(samples, key=lambda s: s.index))
+        return EngineInput(inp.prompt_token_ids, p, inp.prompt, ordered)

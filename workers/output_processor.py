@@ -7,6 +7,7 @@ cumulative text, tokens and logprobs, plus the last delta.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from workers.detokenizer import OutputText
@@ -59,6 +60,40 @@ def process_token(seq: Seq, token: int, logprobs: TokenLogprobs | None, max_mode
     elif (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= max_model_len:
         seq.finish_reason = "length"
         st.text.flush()
+
+
+def resume_output_state(
+    seq: Seq,
+    output_token_ids: Sequence[int],
+    text_sent: int,
+    logprobs: Sequence[TokenLogprobs] | None,
+    max_model_len: int,
+) -> None:
+    """Replays a resumed sample's earlier outputs into seq (fresh, its output state new) the
+    way `process_token` saw them, so detokenizer, stop-string holdback, min_tokens and max_tokens
+    progress are exactly as if it had never moved. What the client already has is marked
+    sent: tokens and logprobs all, text up to `text_sent` (the rest was held back).
+
+    Raises ValueError when the outputs already end the sample (a stop, or a limit this engine
+    has lower): such a sample finished and is not resumed."""
+    st: SeqOutputState = seq.out
+    lps = list(logprobs) if logprobs is not None else None
+    for k, token in enumerate(output_token_ids):
+        seq.token_ids.append(token)
+        process_token(seq, token, lps[k] if lps is not None else None, max_model_len)
+        if seq.finish_reason is not None:
+            raise ValueError(
+                f"resume sample {seq.index} already finished ({seq.finish_reason}) after "
+                f"{k + 1} of its {len(output_token_ids)} outputs"
+            )
+    if len(st.text.text) < text_sent:
+        raise ValueError(
+            f"resume sample {seq.index} text_sent ({text_sent}) exceeds its text "
+            f"({len(st.text.text)} characters)"
+        )
+    st.sent_tokens = len(output_token_ids)
+    st.sent_logprobs = len(st.logprobs) if st.logprobs is not None else 0
+    st.text.mark_sent(text_sent)
 
 
 def finish_out_of_cache(seq: Seq) -> None:

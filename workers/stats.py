@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
 class EngineStats:
     num_requests_running: int = 0
     num_requests_waiting: int = 0
+    # Tokens the engine still has to prefill before its waiting work runs: every token of the
+    # waiting sequences (a preempted one recomputes its output too) plus what the running ones
+    # have not prefilled yet (a long prompt is chunked over steps). Admission control counts
+    # this, not requests: one 30k-token prompt is as much queued work as 200 short ones.
+    num_waiting_prefill_tokens: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     kv_cache_usage: float = 0.0
@@ -31,6 +38,22 @@ class EngineStats:
 
 
 RECENT_COMPILES = 256
+
+
+class _SeqState(Protocol):
+    num_computed_tokens: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def prompt_len(self) -> int: ...
+
+
+def waiting_prefill_tokens(waiting: Iterable[_SeqState], running: Iterable[_SeqState]) -> int:
+    """EngineStats.num_waiting_prefill_tokens of a scheduler's queues."""
+    queued = sum(seq.num_tokens - seq.num_computed_tokens for seq in waiting)
+    return queued + sum(max(0, seq.prompt_len - seq.num_computed_tokens) for seq in running)
 
 
 def new_compile_seconds(stats: EngineStats, seen_compiles: int) -> list[float]:

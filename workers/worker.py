@@ -75,6 +75,10 @@ class Worker:
             from workers.layers.cpu_kernels import kernel
 
             self.cpu_kernel = kernel()
+        from workers.compile import compile_model
+
+        # Start-up seconds the compiled forward cost; None: it runs eagerly.
+        self.compile_s = compile_model(self.model, config.compilation, device, tp.size, progress)
 
     def param_bytes(self) -> int:
         seen: set[int] = set()
@@ -146,6 +150,7 @@ class Worker:
             "load_peak_rss_bytes": self.load_peak_rss_bytes,
             "load_anon_bytes": self.load_anon_bytes,
             "param_bytes": self.param_bytes(),
+            **({} if self.compile_s is None else {"compile_s": self.compile_s}),
         }
 
     def execute(self, step: StepInput) -> StepOutput | None:

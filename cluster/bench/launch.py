@@ -70,6 +70,7 @@ class LocalCluster:
             stream_interval_ms=self._args.stream_interval_ms,
             engine_process=not self._args.no_engine_process,
             kv_cache_memory_bytes=self._args.kv_cache_memory,
+            max_migrations=self._args.max_migrations,
             **caps,
         )
         print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")

@@ -5,6 +5,7 @@
     kvray bench serve --launch --num-replicas 2 --workload shared-prefix \\
         --request-router prefix_affinity,power_of_two             # router vs router
     kvray bench serve --launch --num-replicas 2 --overload 2000   # a burst far past the caps
+    kvray bench serve --launch --num-replicas 2 --fault-at 10     # kill the busiest engine
     kvray bench serve --launch --workload json-schema --rounds 3  # constrained vs free text
 
 Requests are streaming completions with token-id prompts, ignore_eos and max_tokens, so every
@@ -19,7 +20,8 @@ prompt tokens from each response's usage / prompt tokens).
 This module runs the command; the workloads are in serve_workload.py, the statistics and the
 report in serve_report.py, the --launch cluster in launch.py, the backends in backends.py,
 the --overload mode (status counts, /health latency from another process, drain time) in
-overload.py, --workload json-schema (constrained vs unconstrained twins) in serve_structured.py.
+overload.py, --fault-at (kill a replica mid-run) in fault.py, --workload json-schema
+(constrained vs unconstrained twins) in serve_structured.py.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.bench import overload
+from cluster.bench import fault, overload
 from cluster.bench.backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.bench.common import (
     BenchRequest,
@@ -113,11 +115,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.stream_interval_ms)
     g.add_argument("--kv-cache-memory", type=parse_size, default=None)
     g.add_argument(
+        "--max-migrations",
+        type=int,
+        default=_DEFAULTS.max_migrations,
+        help="requests' moves to another replica when theirs dies (0: off; see --fault-at)",
+    )
+    g.add_argument(
         "--no-engine-process",
         action="store_true",
         help="the replica's engine core on a thread, not in a child process",
     )
     overload.add_arguments(parser)
+    fault.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     token_ids = sampleable_token_ids(model_dir)
     if args.overload:
         return _overload(args, model_dir, token_ids)
+    if args.fault_at is not None:
+        return fault.run_command(args, model_dir, token_ids, _with_server_defaults)
     # Round r's prompts: seed + r, so no round is served from the previous one's prefix cache.
     workloads = [
         build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + r}), token_ids)

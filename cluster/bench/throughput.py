@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cluster.bench import roofline
 from cluster.bench.common import (
     BenchResult,
     Workload,
@@ -45,6 +46,8 @@ from workers.config import DEFAULT_MAX_NUM_SEQS
 BACKENDS = ("kvray", "hf", "hf-cb")
 NO_PREFIX = "kvray-no-prefix-caching"
 TP1 = "kvray-tp1"
+COMPILED = "kvray-compiled"
+EAGER = "kvray-eager"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     a("--device", default=None, help="cpu | cuda (default: cuda if available)")
     a("--no-prefix-caching", action="store_true", help="kvray: disable prefix caching")
+    a(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="kvray: torch.compile the model forward (default: the engine's, off on CPU); "
+        "with --compare, kvray also runs with the opposite setting, side by side",
+    )
     a("--result-json", default=None, metavar="FILE", help="write the results as JSON")
 
 
@@ -108,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
     load_note = _load_warning()
     if load_note:
         print(load_note)
+    peak = _matmul_peak(args, device)
+    if peak is not None:
+        print(f"{peak.describe()}")
     plan = _plan(args)
     results: list[BenchResult] = []
     skipped: dict[str, str] = {}
@@ -123,8 +136,15 @@ def run(args: argparse.Namespace) -> int:
     comparisons = _comparisons(by_name) if args.compare else {}
     print()
     print(format_table(results, skipped, comparisons))
+    roof_lines, roof = roofline.report(
+        results, roofline.workload_flops(roofline.ModelShape.from_dir(model_dir), workload), peak
+    )
+    print()
+    print("\n".join(roof_lines))
     if args.result_json:
-        write_result_json(args.result_json, _payload(r, results, skipped, comparisons))
+        payload = _payload(r, results, skipped, comparisons)
+        payload["roofline"] = roof
+        write_result_json(args.result_json, payload)
         print(f"\nwrote {args.result_json}")
     return 0 if results else 1
 
@@ -132,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> list[str]:
     if not args.compare:
         return [NO_PREFIX if args.backend == "kvray" and args.no_prefix_caching else args.backend]
+    if args.compile is not None:  # the compiled forward's win, measured side by side
+        return ["kvray", EAGER if args.compile else COMPILED, "hf", "hf-cb"]
     if args.workload == "shared-prefix":
         return ["kvray", NO_PREFIX, "hf", "hf-cb"]
     if args.tensor_parallel_size > 1:
@@ -162,7 +184,7 @@ def _workload(args: argparse.Namespace, token_ids: list[int]) -> Workload:
 def _comparisons(by_name: dict[str, BenchResult]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     kv = by_name.get("kvray")
-    for other in ("hf", "hf-cb", NO_PREFIX, TP1):
+    for other in ("hf", "hf-cb", NO_PREFIX, TP1, COMPILED, EAGER):
         if kv is not None and other in by_name:
             out[f"kvray/{other}"] = ratios(kv, by_name[other])
     return out
@@ -206,6 +228,8 @@ def _run_backend(name: str, r: Run, skipped: dict[str, str]) -> BenchResult | No
             return run_kvray(r, prefix_caching=False, name=name)
         if name == TP1:
             return run_kvray(r, prefix_caching=True, name=name, tensor_parallel_size=1)
+        if name in (COMPILED, EAGER):
+            return run_kvray(r, prefix_caching=True, name=name, compile=name == COMPILED)
         if name == "hf":
             return run_hf(r)
         return run_hf_cb(r)
@@ -219,6 +243,18 @@ def _run_backend(name: str, r: Run, skipped: dict[str, str]) -> BenchResult | No
         return None
     finally:
         gc.collect()
+
+
+def _matmul_peak(args: argparse.Namespace, device: str) -> roofline.MatmulPeak | None:
+    """This machine's matmul peak, measured now with the threads the backends will use."""
+    dtype = args.dtype if args.dtype not in (None, "auto") else None
+    if dtype is None:
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    try:
+        return roofline.measure_matmul_peak(device, dtype)
+    except Exception as e:  # noqa: BLE001 - a missing figure must not cost the benchmark
+        print(f"matmul peak not measured: {type(e).__name__}: {e}")
+        return None
 
 
 def _load_warning() -> str | None:

@@ -11,12 +11,25 @@ from cluster.bench.throughput_run import Run, length_notes
 
 
 def run_kvray(
-    r: Run, *, prefix_caching: bool, name: str, tensor_parallel_size: int | None = None
+    r: Run,
+    *,
+    prefix_caching: bool,
+    name: str,
+    tensor_parallel_size: int | None = None,
+    compile: bool | None = None,
 ) -> BenchResult:
+    """`compile`: None = the command's --compile/--no-compile (or the engine's default)."""
+    import torch
+
     from workers import LLM
 
     tp = tensor_parallel_size or r.args.tensor_parallel_size
-    llm = LLM(**llm_kwargs(r.args, r.model_dir, tp, prefix_caching))
+    kwargs = llm_kwargs(r.args, r.model_dir, tp, prefix_caching)
+    if compile is not None:
+        kwargs["compile"] = compile
+    t_load = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup_s = time.perf_counter() - t_load
     try:
         _kvray_generate(llm, r.warmup, progress=False)
         before = llm.stats()
@@ -46,6 +59,17 @@ def run_kvray(
         f"{r.workload.prompt_tokens} ({cached} from the prefix cache)"
     )
     notes.extend(_step_timing(extra, t_before, t_after, tp))
+    compiled = t_after.get("compile_s")
+    extra.update(
+        startup_s=startup_s, torch_threads=torch.get_num_threads(), compiled=compiled is not None
+    )
+    line = f"start-up {startup_s:.1f} s; {extra['torch_threads']} torch threads; "
+    if compiled is None:
+        line += "eager forward"
+    else:
+        extra["compile_s"] = compiled
+        line += f"compiled forward ({compiled:.1f} s of the start-up compiling)"
+    notes.append(line)
     return BenchResult(
         backend=name,
         elapsed_s=elapsed,
@@ -71,6 +95,8 @@ def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict
     )
     if args.device:
         kwargs["device"] = args.device
+    if getattr(args, "compile", None) is not None:
+        kwargs["compile"] = args.compile
     return kwargs
 
 

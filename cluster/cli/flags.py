@@ -79,6 +79,11 @@ def _add_field_flag(group: argparse._ArgumentGroup, f: Field[Any], flag: Flag, h
         assert f.default is True and name.startswith("--no-"), f.name
         group.add_argument(*names, dest=f.name, action="store_false", help=flag.help)
         return
+    if _base_type(hint) is bool:  # bool | None: --x / --no-x, None leaves the default
+        group.add_argument(
+            *names, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=flag.help
+        )
+        return
     kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": flag.help}
     if f.default is not None:
         kwargs["help"] += " (default %(default)s)"

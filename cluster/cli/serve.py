@@ -267,11 +267,11 @@ def _announce_draining(config: ServeConfig) -> None:
     Waits at most DRAIN_NOTICE_TIMEOUT_S: shutting down must not hang on it."""
     from ray import serve
 
-    from cluster.app import build_app
+    from cluster.app import build_draining_app
 
     def redeploy() -> None:
         try:
-            serve.run(build_app(config, draining=True), name=APP_NAME, route_prefix="/")
+            serve.run(build_draining_app(config), name=APP_NAME, route_prefix="/")
         except Exception as err:  # shutting down anyway
             logger.warning("could not mark the ingress draining: %s", err)
 

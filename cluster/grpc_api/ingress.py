@@ -129,6 +129,7 @@ class GrpcIngress:
             auth=ApiKeyAuth.from_env(config.api_key_env),
             metrics=RouterMetrics(),
             limits=RequestLimits.from_config(config),
+            max_migrations=config.max_migrations,
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING

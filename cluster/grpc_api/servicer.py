@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
+from cluster.config import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv
@@ -71,9 +72,10 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         auth: ApiKeyAuth,
         metrics: Any = None,
         limits: RequestLimits = DEFAULT_LIMITS,
+        max_migrations: int = DEFAULT_MAX_MIGRATIONS,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
-        self._client = LLMClient(llm)
+        self._client = LLMClient(llm, max_migrations, metrics)
         self._prompts = Prompts(tokenizer)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
         self._token_text = TokenStrings.of(tokenizer)

@@ -4,6 +4,15 @@ FastAPI reads and parses a request's body before it runs any dependency, so an A
 dependency would let an unauthenticated client make the ingress read (and parse) a body of
 any size. This ASGI middleware sits in front of the FastAPI app instead:
 
+0. The liveness probe (GET /health) is answered here, before anything else, and every other
+   request (the readiness probe aside) is paced: at most ADMIT_PER_TICK of them go on per
+   turn of the event loop. A burst of 2,000 requests lands on this one loop at once; unpaced,
+   each turn ran the parsing, checking and routing of every request that had arrived before
+   the loop read the next socket, so a probe arriving then waited for all of them. Paced, the
+   app's share of a turn is a few requests' work. The work is the same, in the same order:
+   nothing is slower when the loop has time to spare. What runs before this guard (connection
+   set-up, HTTP parsing, Ray Serve's per-request wrapper) is not paced and still makes the
+   first turns of a large burst long (README, "Overload").
 1. The API key (cluster/ingress/auth.py) is checked from the headers alone: a bad or missing
    key is a 401 and the body is never read. Every path but the probes (/health, /ready) is
    behind the key, FastAPI's /docs, /redoc and /openapi.json included.
@@ -23,6 +32,7 @@ Every error leaves as OpenAI's error body, like every other error of the ingress
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,6 +41,17 @@ from cluster.ingress.auth import ApiKeyAuth
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
+
+# The liveness probe, answered by the guard itself (what FastAPI's /health route answers).
+LIVENESS_PATH = "/health"
+LIVENESS_BODY = b'{"status":"ok"}'
+# Not paced: the readiness probe (it asks an engine replica, cheaply, and Kubernetes must see
+# it answer under load too).
+UNPACED_PATHS = frozenset({LIVENESS_PATH, "/ready"})
+# Requests let on per turn of the event loop (step 0): each costs the loop up to a few
+# milliseconds (a generation request's parsing, checks and routing), so a turn stays in the
+# tens of milliseconds however many requests are waiting.
+ADMIT_PER_TICK = 8
 
 
 class RequestTooLargeError(KvrayError):
@@ -75,6 +96,8 @@ class RequestGuard:
         self.metrics = metrics  # cluster.server.metrics.RouterMetrics, or None
         self.max_in_flight = max_in_flight  # generation requests at once; None: no cap
         self.in_flight = 0
+        # Step 0's pacing: taken per request, given back on the next turn of the loop.
+        self._turn = asyncio.Semaphore(ADMIT_PER_TICK)
 
     def __getattr__(self, name: str) -> Any:  # Ray Serve adds exception handlers to the app
         return getattr(self.app, name)
@@ -83,9 +106,15 @@ class RequestGuard:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
+        path = api_path(scope)
+        if path == LIVENESS_PATH and scope.get("method") == "GET":
+            await send_json(send, 200, LIVENESS_BODY)
+            return
+        if path not in UNPACED_PATHS:
+            await self._next_turn()
         headers = _headers(scope)
         try:
-            self.auth.check_path(api_path(scope), headers.get("authorization"))
+            self.auth.check_path(path, headers.get("authorization"))
         except AuthenticationError as err:
             if self.metrics is not None:
                 self.metrics.rejected("unauthenticated")
@@ -98,7 +127,7 @@ class RequestGuard:
         if declared > self.max_body_bytes:
             await send_error(send, RequestTooLargeError(self.max_body_bytes))
             return
-        counted = scope.get("method") == "POST" and api_path(scope).endswith("/completions")
+        counted = scope.get("method") == "POST" and path.endswith("/completions")
         if counted and self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             if self.metrics is not None:
                 self.metrics.rejected("queue_full")
@@ -116,6 +145,12 @@ class RequestGuard:
             await self.app(scope, _replay(body, receive), send)
         finally:
             self.in_flight -= counted
+
+    async def _next_turn(self) -> None:
+        """Waits until this turn of the event loop has let fewer than ADMIT_PER_TICK requests
+        on (step 0). Waiters go on in arrival order."""
+        await self._turn.acquire()
+        asyncio.get_running_loop().call_soon(self._turn.release)
 
     def _full(self) -> QueueFullError:
         return QueueFullError(
@@ -160,13 +195,19 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 async def send_error(send: Any, err: KvrayError) -> None:
     """`err` as a complete JSON response in OpenAI's error format (+ Retry-After)."""
-    body = json.dumps(err.to_openai()).encode()
+    retry_after = getattr(err, "retry_after_s", None)
+    extra = [] if retry_after is None else [(b"retry-after", str(retry_after).encode())]
+    await send_json(send, err.http_status, json.dumps(err.to_openai()).encode(), extra)
+
+
+async def send_json(
+    send: Any, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A complete response with a JSON `body`."""
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
+        *(extra or ()),
     ]
-    retry_after = getattr(err, "retry_after_s", None)
-    if retry_after is not None:
-        headers.append((b"retry-after", str(retry_after).encode()))
-    await send({"type": "http.response.start", "status": err.http_status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

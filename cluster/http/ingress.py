@@ -77,10 +77,10 @@ class OpenAIIngress:
         tokenizer = Tokenizer.from_pretrained(resolve_model_dir(config))
         self.prompts = Prompts(tokenizer)
         self.token_strings = TokenStrings.of(tokenizer)
-        self.client = LLMClient(llm)
+        self.metrics = RouterMetrics()
+        self.client = LLMClient(llm, config.max_migrations, self.metrics)
         self.auth = ApiKeyAuth.from_env(config.api_key_env)
         self.limits = RequestLimits.from_config(config)
-        self.metrics = RouterMetrics()
         # Set through Serve's user_config when `kvray serve` begins to shut down: /ready is
         # 503 and new generation requests are refused while in-flight ones finish.
         self.draining = False
@@ -227,6 +227,8 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, str]:
+        # RequestGuard answers GET /health itself, before any other work (the liveness probe
+        # must stay fast under a burst); this route keeps it in the OpenAPI schema.
         return {"status": "ok"}
 
     @app.get("/ready", responses=READY_RESPONSES)

@@ -18,6 +18,9 @@
   KV blocks.
 - Errors: everything a handle call raises leaves as a cluster.errors class, through the one
   mapping (`cluster.errors.as_kvray_error`).
+- Migration: a request whose replica dies (EngineDeadError) continues on another replica,
+  token-exact, up to `max_migrations` times (cluster/ingress/migration.py). It sits below
+  the coalescing, so it sees every output once.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from cluster.config import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import as_kvray_error
 from cluster.ingress.checks import is_streamed
+from cluster.ingress.migration import migrating
 from cluster.server.coalesce import coalesced
 from workers.inputs import InputChecker
 
@@ -38,8 +43,13 @@ if TYPE_CHECKING:
 class LLMClient:
     """One ingress replica's view of the LLMServer deployment (a DeploymentHandle)."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(
+        self, handle: Any, max_migrations: int = DEFAULT_MAX_MIGRATIONS, metrics: Any = None
+    ) -> None:
+        # metrics: cluster.server.metrics.RouterMetrics (migrations), or None (unit use).
         self.handle = handle
+        self.max_migrations = max_migrations
+        self.metrics = metrics
         self._stream_handle = handle.options(
             stream=True, request_serialization="pickle", response_serialization="pickle"
         )
@@ -70,12 +80,13 @@ class LLMClient:
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """LLMServer.generate's outputs; errors come out as cluster.errors classes."""
-        outputs = self._outputs(request)
+        outputs = migrating(self._attempt, request, self.max_migrations, self.metrics)
         if is_streamed(request.input.params):
             return coalesced(outputs)
         return outputs  # one output, the final one: nothing to merge
 
-    async def _outputs(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    async def _attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """One call to one replica."""
         gen = None
         finished = False
         try:

@@ -123,7 +123,7 @@ class KvEventsRouter(PrefixAffinityRouter):
         ask_for_backoff(pending_request)  # type: ignore[arg-type]
         self.remember_request(pending_request)
         self.refresh(candidate_replicas)
-        replicas = live_replicas(candidate_replicas)
+        replicas = live_replicas(candidate_replicas, pending_request)
         opts = self._kv_opts
         ids = request.input.prompt_token_ids
         hashes = prompt_block_hashes(ids, opts.block_size, opts.max_prompt_blocks)

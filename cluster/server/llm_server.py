@@ -40,6 +40,7 @@ from cluster.errors import (
 from cluster.server.coalesce import coalesced
 from cluster.server.deadline import with_deadline
 from cluster.server.kv_publish import kv_publisher
+from cluster.server.queued_tokens import QueuedTokens, prompt_cost
 from workers.outputs import RequestOutputKind, ended_unrun, is_queue_timeout
 from workers.structured import GRAMMAR_ERROR
 
@@ -80,6 +81,8 @@ class LLMServer:
         # Samples of the generate() calls in flight here (a request counts n): with the
         # engine's running count, what the waiting queue behind admission control holds.
         self._in_flight = 0
+        # Prompt tokens waiting here, against max_queued_tokens (cluster/server/queued_tokens.py).
+        self._queued_tokens = QueuedTokens(config.max_queued_tokens)
         # Streamed generate() calls in flight: what the chunk interval follows.
         self._streams = 0
         self._replica = _replica_name()
@@ -105,7 +108,8 @@ class LLMServer:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Streams the engine's RequestOutputs of one checked request (module doc).
 
-        Raises QueueFullError (waiting queue at `max_queued_requests`), QueueTimeoutError (not
+        Raises QueueFullError (waiting queue at `max_queued_requests`, or its prompt tokens
+        past `max_queued_tokens`), QueueTimeoutError (not
         started within `queue_timeout_s`, the time since the ingress sent it included) or
         EngineDeadError before the first output; RequestTimeoutError once the request has
         run `request_timeout_s` (it is aborted).
@@ -119,7 +123,17 @@ class LLMServer:
                 f"too many requests waiting on this replica ({queued} >= "
                 f"max_queued_requests={self._config.max_queued_requests}); retry later"
             )
-        held = inp.params.n  # samples this call counts in `_in_flight`
+        if request.migration:
+            logger.info(
+                "request %s: migration %d lands here (replica %s), %d samples resumed",
+                request.request_id,
+                request.migration,
+                self._replica,
+                len(inp.resume),
+            )
+        self._queued_tokens.admit(request.request_id, prompt_cost(inp), self._engine.stats())
+        # Samples this call counts in `_in_flight`: a resumed request runs only its unfinished.
+        held = len(inp.resume) or inp.params.n
         self._in_flight += held
         self._streams += streamed
         finished = cancelled = False
@@ -159,6 +173,7 @@ class LLMServer:
         finally:
             self._streams -= streamed
             self._in_flight -= held
+            self._queued_tokens.release(request.request_id)
             if not finished:
                 # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
                 self._engine.abort(request.request_id)
@@ -220,11 +235,16 @@ class LLMServer:
         that K prefers, which is how a caller reaches every replica (a load-aware router
         would otherwise keep answering from the idlest one).
         """
+        stats = self._engine.stats()
         return {
             "replica": self._replica,
             "queued": self._queued(),
+            "queued_tokens": self._queued_tokens.waiting(stats),
             "engine_core": "thread" if self._engine.in_process else "process",
-            **dataclasses.asdict(self._engine.stats()),
+            "engine_pid": self._engine.engine_pid,
+            "pid": os.getpid(),
+            "node_id": _node_id(),
+            **dataclasses.asdict(stats),
         }
 
     async def check_health(self) -> None:
@@ -245,6 +265,8 @@ class LLMServer:
             "running": s.num_requests_running,
             "kv_cache_usage": float(s.kv_cache_usage),
             "max_queued_requests": self._config.max_queued_requests,
+            "queued_tokens": self._queued_tokens.waiting(s),
+            "max_queued_tokens": self._config.max_queued_tokens,
             # A dead engine fails requests fast, so it would look least loaded: the router
             # drops replicas that say False here before Serve replaces them.
             "engine_alive": bool(self._engine.healthy),
@@ -282,7 +304,8 @@ class LLMServer:
 
     def _engine_error(self, err: BaseException) -> KvrayError:
         if not self._engine.healthy:
-            return EngineDeadError(f"engine died: {err}")
+            # Named, so the ingress migrates the request to another replica than this one.
+            return EngineDeadError(f"engine died: {err}", replica=self._replica)
         return KvrayError(f"internal error: {err}")
 
     async def _push_stats_forever(self) -> None:
@@ -319,6 +342,15 @@ def _replica_name() -> str:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # outside Serve (unit use): one unnamed replica
         return "local"
+
+
+def _node_id() -> str | None:
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # outside Ray (unit use)
+        return None
 
 
 def _use_reserved_cpus(threads: int) -> None:

@@ -25,3 +25,7 @@ class GenerateRequest:
     # time.time() when the ingress built it: the time spent before a replica took it (Serve's
     # router queue) counts toward the replica's queue_timeout_s.
     sent_at: float = field(default_factory=time.time)
+    # Migration (cluster/ingress/migration.py): how many times this request moved to another
+    # replica, and the replicas it failed on (the routers pass them over while others live).
+    migration: int = 0
+    exclude_replicas: frozenset[str] = frozenset()

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cluster.errors import MIGRATION_CAUSES
 from workers.stats import new_compile_seconds
 
 if TYPE_CHECKING:
@@ -60,6 +61,12 @@ ITERATION_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(18
 # schema; grammar_timeout_s (30 s by default) ends the wait.
 GRAMMAR_COMPILE_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+# Failure to the next token of a migrated request: a re-prefill on a warm replica takes
+# milliseconds; waiting for a replacement replica (none left alive) takes tens of seconds.
+MIGRATION_RESUME_BUCKETS_S: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
 
 # Label values created at 0 up front (see _zero): DESIGN.md's routing decisions, the engine's
@@ -264,7 +271,7 @@ class RouterMetrics:
     """Metrics of the ingresses and the request router (one instance per process)."""
 
     def __init__(self) -> None:
-        from ray.util.metrics import Counter
+        from ray.util.metrics import Counter, Histogram
 
         self._requests = Counter(
             "kvray_router_requests_total",
@@ -281,6 +288,19 @@ class RouterMetrics:
             "Requests rejected before reaching an engine, by reason.",
             tag_keys=("reason",),
         )
+        self._migrations = Counter(
+            "kvray_request_migrations_total",
+            "Requests moved to another replica because theirs died, by cause.",
+            tag_keys=("cause",),
+        )
+        self._migration_resume = Histogram(
+            "kvray_migration_resume_seconds",
+            "Time from a replica failure to the migrated request's next token.",
+            boundaries=list(MIGRATION_RESUME_BUCKETS_S),
+            tag_keys=(),
+        )
+        for cause in MIGRATION_CAUSES:
+            _zero(self._migrations, {"cause": cause})
         for decision in ROUTING_DECISIONS:
             _zero(self._routing, {"decision": decision})
         for reason in REJECT_REASONS:
@@ -297,3 +317,9 @@ class RouterMetrics:
 
     def rejected(self, reason: str) -> None:
         self._rejected.inc(tags={"reason": reason})
+
+    def migration(self, cause: str) -> None:
+        self._migrations.inc(tags={"cause": cause})
+
+    def migration_resumed(self, seconds: float) -> None:
+        self._migration_resume.observe(seconds)

@@ -105,8 +105,11 @@ def rendezvous_rank(key: str, replica_ids: Sequence[str]) -> list[str]:
     return sorted(replica_ids, key=weight, reverse=True)
 
 
-def live_replicas(replicas: list[RunningReplica]) -> list[RunningReplica]:
-    """The replicas whose last routing stats do not say their engine is dead.
+def live_replicas(
+    replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+) -> list[RunningReplica]:
+    """The replicas whose last routing stats do not say their engine is dead, less those a
+    migrated request already failed on (its `exclude_replicas`).
 
     A dead engine fails requests at once, so it would look least loaded and draw traffic
     until Serve's health check replaces it. Replicas without stats yet count as alive. If
@@ -114,6 +117,10 @@ def live_replicas(replicas: list[RunningReplica]) -> list[RunningReplica]:
     error instead of waiting for a replica that may never come.
     """
     alive = [r for r in replicas if (r.routing_stats or {}).get("engine_alive", True)]
+    request = pending_request.args[0] if pending_request and pending_request.args else None
+    avoid = getattr(request, "exclude_replicas", None)
+    if avoid:
+        alive = [r for r in alive if r.replica_id.unique_id not in avoid] or alive
     return alive or replicas
 
 
@@ -145,7 +152,7 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         if pending_request is not None:
             ask_for_backoff(pending_request)
             self.remember_request(pending_request)
-        candidate_replicas = live_replicas(candidate_replicas)
+        candidate_replicas = live_replicas(candidate_replicas, pending_request)
         # Shuffled first so that equally loaded replicas share the work (sort is stable).
         by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
         preferred = self._preferred(candidate_replicas, pending_request)
@@ -165,7 +172,7 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
     def routing_decision(self, pending_request: PendingRequest, replica_id: ReplicaID) -> str:
         """DESIGN.md's label of a routed request: affinity | load | fallback."""
         preferred = self._preferred(
-            live_replicas(list(self.curr_replicas.values())), pending_request
+            live_replicas(list(self.curr_replicas.values()), pending_request), pending_request
         )
         if preferred is None:
             return "load"
@@ -204,6 +211,9 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         cap = int(stats.get("max_queued_requests", 0))
         if cap and int(stats.get("queued", 0)) * 2 >= cap:
             return True  # half way to rejecting with 429
+        token_cap = int(stats.get("max_queued_tokens", 0))
+        if token_cap and int(stats.get("queued_tokens", 0)) * 2 >= token_cap:
+            return True  # half way to rejecting with 429 for its waiting prompt tokens
         if float(stats.get("kv_cache_usage", 0.0)) >= opts.kv_cache_usage_limit:
             return True
         if self._in_flight(preferred) >= preferred.max_ongoing_requests:

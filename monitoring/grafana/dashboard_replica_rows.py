@@ -174,6 +174,20 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 (Target(rate("ray_kvray_router_rejected_total", by="reason"), "{{reason}}"),),
                 unit="reqps",
             ),
+            Panel(
+                "Request migrations",
+                "Requests moved to another replica because theirs died (engine, replica, TP "
+                "rank or node) or was stopped, by cause; each continues where it was.",
+                (Target(rate("ray_kvray_request_migrations_total", by="cause"), "{{cause}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Migration: failure to next token",
+                "Time from a replica failure to the migrated request's next token (re-routing "
+                "plus the re-prefill of prompt and output so far), median and p99.",
+                quantiles("ray_kvray_migration_resume_seconds", "", (0.5, 0.99)),
+                unit="s",
+            ),
         ),
     ),
     Row(

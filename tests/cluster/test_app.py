@@ -64,3 +64,11 @@ def test_ingress_options() -> None:
     opts = ingress_options(ServeConfig(ingress_replicas=2))
     assert opts["name"] == "OpenAIIngress" and opts["num_replicas"] == 2
     assert opts["max_ongoing_requests"] > 256  # never the queue in front of the engines
+
+
+def test_build_app_is_a_serve_application_builder() -> None:
+    """`serve deploy` calls an import_path builder with exactly one argument (the config's
+    `args:` mapping) and refuses any other signature."""
+    import inspect
+
+    assert len(inspect.signature(build_app).parameters) == 1

@@ -231,6 +231,9 @@ def _deploy_with_one_hanging_replica(ports: ServePorts, claim: Path) -> App:
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=8,
         api_key_env="KVRAY_UNHAPPY_NO_KEY",
+        # The hung request's 503 is what this test watches for; with migration it would move
+        # to the other replica and succeed (tests/cluster/test_migration.py covers that).
+        max_migrations=0,
     )
     hook = {TEST_STEP_SLEEP_ENV: "600", TEST_STEP_SLEEP_ONCE_ENV: str(claim)}
     return deploy_with_engine_env(

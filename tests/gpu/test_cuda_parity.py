@@ -1,4 +1,5 @@
-"""TP=1 greedy parity with transformers on CUDA in float32 (run by tests/gpu/check.sh)."""
+"""TP=1 greedy parity with transformers on CUDA in float32 (run by tests/gpu/check.sh), eager
+and compiled (torch.compile pieces + CUDA graphs of decode-only batches, workers/compile.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ from tests.workers.parity import assert_greedy_match
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_greedy_matches_transformers(kind: str, tmp_path) -> None:
+def test_cuda_greedy_matches_transformers(kind: str, compile: bool, tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
     from workers import LLM, SamplingParams
 
     path = make_checkpoint(kind, tmp_path / kind)
-    llm = LLM(str(path), dtype="float32", device="cuda")
+    llm = LLM(str(path), dtype="float32", device="cuda", compile=compile)
+    compiled = llm.engine.executor.worker.model.compiled
+    if compile:  # decode-only steps replay CUDA graphs, one set per capture size
+        assert compiled is not None and compiled.graphs is not None and compiled.graphs.sets
+    else:
+        assert compiled is None
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
     outs = llm.generate(

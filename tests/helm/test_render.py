@@ -92,6 +92,7 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
     assert config.tensor_parallel_size == engine["tensorParallelSize"]
     assert config.device == engine["device"]
     assert config.max_queued_requests == serve["maxQueuedRequests"]
+    assert config.max_queued_tokens == serve["maxQueuedTokens"]
     assert config.api_key_env == values["apiKey"]["envName"]
     assert config.model == (values["model"]["path"] or None)
     if serve["autoscaling"]["enabled"]:
@@ -343,3 +344,17 @@ def test_serve_config_has_the_shape_kvray_config_writes(render, values):
     assert chart_app.pop("args").items() <= reference_app.pop("args").items()
     # Everything else must match.
     assert chart == reference
+
+
+def test_migration_settings_reach_the_app_and_fit_the_pod_grace_period(render):
+    """Requests of a stopped engine replica move after serve.gracefulShutdownTimeoutSeconds;
+    Kubernetes must not kill its pod before that (worker.terminationGracePeriodSeconds)."""
+    import helm_python
+
+    (app,) = serve_config(only(render(None), "RayService"))["applications"]
+    assert app["args"]["max_migrations"] == 3
+    assert app["args"]["graceful_shutdown_timeout_s"] == 30
+    values = {"serve": {"gracefulShutdownTimeoutSeconds": 120}}
+    with pytest.raises(helm_python.HelmError) as info:
+        render(values)
+    assert "terminationGracePeriodSeconds" in str(info.value)

@@ -47,8 +47,19 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_router_requests_total": "counter",
     "kvray_router_routing_total": "counter",
     "kvray_router_rejected_total": "counter",
+    "kvray_request_migrations_total": "counter",
+    "kvray_migration_resume_seconds": "histogram",
 }
-ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if not n.startswith("kvray_router_")}
+# Recorded by the ingresses (no model/replica labels); the rest by engine replicas.
+INGRESS_METRICS = {
+    n
+    for n in KVRAY_METRICS
+    if n.startswith("kvray_router_") or n in ("kvray_request_migrations_total",)
+} | {"kvray_migration_resume_seconds"}
+ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if n not in INGRESS_METRICS}
+# Histograms that exist only once their event happened (Ray exports no empty histogram):
+# a live scrape without a replica failure lacks them.
+EVENT_METRICS = {"kvray_migration_resume_seconds"}
 
 T = TypeVar("T")
 

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from workers import EngineInput, InputChecker, SamplingParams
+from workers.inputs import ResumedSample
 
 CHECKER = InputChecker(vocab_size=100, max_model_len=32)
 PARAMS = SamplingParams(max_tokens=8)
@@ -80,3 +81,63 @@ def test_check_prompt_encodes_text_and_keeps_it(demo_dir) -> None:  # noqa: ANN0
         checker.check_prompt([], PARAMS, tok)
     with pytest.raises(ValueError, match=r"^prompt is \d+ tokens"):
         checker.check_prompt(" ".join(["word"] * 200), SamplingParams(max_tokens=None), tok)
+
+
+def _resumed(index: int = 0, out: tuple[int, ...] = (4, 5), **kw) -> ResumedSample:  # noqa: ANN003
+    return ResumedSample(index, out, **{"text_sent": 3, **kw})
+
+
+def test_check_resume_sets_the_samples_in_index_order() -> None:
+    inp = CHECKER.check([1, 2], dataclasses.replace(PARAMS, n=3))
+    assert inp.resume == ()
+    samples = [_resumed(2), _resumed(0, ())]
+    resumed = CHECKER.check_resume(inp, samples)
+    assert resumed.resume == (samples[1], samples[0])
+    assert (resumed.prompt_token_ids, resumed.params) == (inp.prompt_token_ids, inp.params)
+    # Resuming an already resumed input replaces its samples.
+    assert CHECKER.check_resume(resumed, [samples[0]]).resume == (samples[0],)
+    # The limits are inclusive where they should be: 2 + 7 outputs < max_tokens 8 fits.
+    assert CHECKER.check_resume(inp, [_resumed(out=(1,) * 7)]).resume[0].output_token_ids
+    lp = CHECKER.check([1], dataclasses.replace(PARAMS, logprobs=1))
+    entries = ({4: -0.1}, {5: -0.2})
+    assert CHECKER.check_resume(lp, [_resumed(logprobs=entries)]).resume[0].logprobs == entries
+
+
+@pytest.mark.parametrize(
+    ("samples", "params", "message"),
+    [
+        ([], PARAMS, r"^resume must list at least one unfinished sample"),
+        (None, PARAMS, r"^resume must list"),
+        ([(0, (1,), 0)], PARAMS, r"^resume samples must be ResumedSample, got tuple"),
+        ([_resumed(1)], PARAMS, r"^resume sample index 1 is outside \[0, n=1\)"),
+        ([_resumed(-1)], PARAMS, r"^resume sample index -1 is outside"),
+        ([_resumed(True)], PARAMS, r"^resume sample index True is outside"),
+        ([_resumed(0), _resumed(0)], PARAMS, r"^resume sample index 0 is listed twice"),
+        ([_resumed(out=[4])], PARAMS, r"^resume sample 0 output_token_ids must be a tuple"),
+        ([_resumed(out=(4, 100))], PARAMS, r"^resume sample 0 token id 100 is outside"),
+        ([_resumed(out=(4, -1))], PARAMS, r"^resume sample 0 token id -1 is outside"),
+        ([_resumed(out=(1,) * 8)], PARAMS, r"^resume sample 0 has 8 outputs: max_tokens \(8\)"),
+        (
+            [_resumed(out=(1,) * 30)],
+            SamplingParams(max_tokens=None),
+            r"^resume sample 0: prompt \+ outputs \(32 tokens\) leave no room to generate "
+            r"within max_model_len \(32\)",
+        ),
+        ([_resumed(text_sent=-1)], PARAMS, r"^resume sample 0 text_sent must be an int >= 0"),
+        ([_resumed(logprobs=({},))], PARAMS, r"^resume sample 0 has logprobs the request did"),
+        (
+            [_resumed()],
+            SamplingParams(max_tokens=8, logprobs=0),
+            r"^resume sample 0 needs one logprobs entry per output token \(2\)",
+        ),
+        (
+            [_resumed(logprobs=({},))],
+            SamplingParams(max_tokens=8, logprobs=0),
+            r"^resume sample 0 needs one logprobs entry",
+        ),
+    ],
+)
+def test_bad_resume_names_its_field_first(samples, params, message) -> None:  # noqa: ANN001
+    inp = CHECKER.check([1, 2], params)
+    with pytest.raises(ValueError, match=message):
+        CHECKER.check_resume(inp, samples)

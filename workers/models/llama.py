@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -35,6 +37,11 @@ class Attention(nn.Module):
         )
 
     def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv(positions, x)
+        return self.out(self.attn(q, k, v, kv_cache, meta))
+
+    def qkv(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What comes before the paged attention: projections, q/k norm, rotary."""
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -43,7 +50,9 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v, kv_cache, meta)
+        return q, k, v
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -70,7 +79,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(c, tp, dtype)
 
     def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        q, k, v = self.pre_attention(positions, x)
+        return self.post_attention(x, self.self_attn.attn(q, k, v, kv_cache, meta))
+
+    # The two pieces around the paged attention: workers/compile.py compiles them (the same
+    # graph serves every layer: the layer is an argument) and keeps the attention eager.
+    def pre_attention(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.self_attn.qkv(positions, self.input_layernorm(x))
+
+    def post_attention(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.out(o)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -92,6 +110,8 @@ class LlamaForCausalLM(nn.Module):
             tp,
             dtype,
         )
+        # Set by workers.compile.compile_model: the compiled pieces (None: eager).
+        self.compiled: Any = None
 
     def forward(
         self,
@@ -102,8 +122,22 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Returns logits [len(logits_indices), vocab] for the selected flattened positions."""
+        if self.compiled is not None:
+            x = self.compiled.hidden_states(self, input_ids, positions, kv_caches, meta)
+        else:
+            x = self.hidden_states(input_ids, positions, kv_caches, meta)
+        x = self.norm(x[logits_indices])
+        return self.lm_head(x)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The eager path: [T, hidden] after the last layer, before the final norm."""
         x = self.embed_tokens(input_ids)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(positions, x, cache, meta)
-        x = self.norm(x[logits_indices])
-        return self.lm_head(x)
+        return x

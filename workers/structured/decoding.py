@@ -12,7 +12,9 @@ the workers.
   complete ends the sequence ("stop").
 
 Preemption needs nothing: a preempted sequence keeps its generated tokens (only its KV cache
-is recomputed), and its matcher has consumed exactly those tokens.
+is recomputed), and its matcher has consumed exactly those tokens. A resumed sequence (request
+migration, workers/resume.py) arrives with earlier outputs: its new matcher consumes them
+first, so the grammar continues where it stopped.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class StructuredDecoding:
         self.words = bitmask_words(vocab_size)
         self.timeout_s = timeout_s
         self._pending: dict[str, _Pending] = {}
+        # Failures found by add()'s own poll, for the engine's next poll() to finish.
+        self._failed: list[tuple[Request, str]] = []
         self._filler = MaskFiller()
 
     def add(self, req: Request, now: float | None = None) -> None:
@@ -59,14 +63,17 @@ class StructuredDecoding:
         for seq in req.seqs:
             seq.grammar_pending = True
         if fut.done():
-            self.poll()  # a cached grammar: the request is schedulable in this very step
+            # A cached grammar: the request is schedulable in this very step. A failure (a
+            # resumed sample's outputs outside the grammar) waits for the engine's poll.
+            self._failed += self.poll()
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+        self._failed = [f for f in self._failed if f[0].request_id != request_id]
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._failed)
 
     def poll(self) -> list[tuple[Request, str]]:
         """Gives matchers to requests whose grammar is ready; returns those that failed (the
@@ -81,8 +88,14 @@ class StructuredDecoding:
                     failed.append((p.req, f"grammar failed to compile: {err}"))
                     continue
                 compiled = p.future.result()
+                why = None
                 for seq in p.req.seqs:
                     seq.grammar = compiled.matcher()
+                    why = why or _replay(seq)
+                if why is not None:
+                    failed.append((p.req, why))  # stays unschedulable: the caller ends it
+                    continue
+                for seq in p.req.seqs:
                     seq.grammar_pending = False
             elif now >= p.deadline:
                 del self._pending[request_id]
@@ -91,7 +104,8 @@ class StructuredDecoding:
                 )
         for req, why in failed:
             log.warning("%s: structured_outputs error: %s", req.request_id, why)
-        return failed
+        earlier, self._failed = self._failed, []
+        return earlier + failed
 
     def wait(self, timeout_s: float) -> None:
         """Blocks until a pending compile finishes or `timeout_s`; for a step with nothing
@@ -131,3 +145,15 @@ class StructuredDecoding:
             log.warning("%s: sampled token %d outside its grammar", seq.seq_id, token)
             return True
         return seq.grammar.is_terminated
+
+
+def _replay(seq: Seq) -> str | None:
+    """Advances a new matcher over seq's earlier outputs (a resumed sample; none otherwise);
+    the reason when they do not fit the grammar (or already complete it: then the sample would
+    have finished and cannot be resumed)."""
+    for k, token in enumerate(seq.output_token_ids):
+        if seq.grammar.is_terminated or not seq.grammar.accept(token):
+            return f"resumed sample {seq.index}: output {k} (token {token}) is outside its grammar"
+    if seq.output_token_ids and seq.grammar.is_terminated:
+        return f"resumed sample {seq.index}: its outputs already complete the grammar"
+    return None

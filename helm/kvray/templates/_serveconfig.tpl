@@ -7,6 +7,9 @@ the application's own defaults apply.
 {{- define "kvray.serveArgs" -}}
 {{- $e := .Values.engine }}
 {{- $s := .Values.serve }}
+{{- if ge (float64 $s.gracefulShutdownTimeoutSeconds) (float64 .Values.worker.terminationGracePeriodSeconds) }}
+{{- fail "serve.gracefulShutdownTimeoutSeconds must be below worker.terminationGracePeriodSeconds: Kubernetes would kill an engine pod before its requests move" }}
+{{- end }}
 {{- $args := dict
   "tensor_parallel_size" (int64 $e.tensorParallelSize)
   "device" $e.device
@@ -14,9 +17,12 @@ the application's own defaults apply.
   "enable_prefix_caching" $e.enablePrefixCaching
   "max_ongoing_requests" (int64 $s.maxOngoingRequests)
   "max_queued_requests" (int64 $s.maxQueuedRequests)
+  "max_queued_tokens" (int64 $s.maxQueuedTokens)
   "ingress_replicas" (int64 $s.ingressReplicas)
   "request_router" $s.requestRouter
   "stream_interval_ms" (int64 $s.streamIntervalMs)
+  "max_migrations" (int64 $s.maxMigrations)
+  "graceful_shutdown_timeout_s" (float64 $s.gracefulShutdownTimeoutSeconds)
   "grpc_max_message_bytes" (int64 $s.grpcMaxMessageBytes)
   "api_key_env" .Values.apiKey.envName
 }}

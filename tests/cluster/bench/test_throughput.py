@@ -47,6 +47,15 @@ def test_compare_runs_every_backend_on_one_workload(tmp_path: Path) -> None:
     for ratio in result["ratios"].values():
         assert set(ratio) == {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s"}
         assert all(v > 0 for v in ratio.values())
+    # Roofline: the machine's matmul peak measured in the same run, each backend's share of it.
+    roof = result["roofline"]
+    assert roof["matmul_peak_flops_per_s"] > 0 and roof["torch_threads"] >= 1
+    assert (
+        roof["workload_flops"] == roof["workload_linear_flops"] + roof["workload_attention_flops"]
+    )
+    for name, r in by_name.items():
+        assert r["achieved_flops_per_s"] > 0 and r["share_of_matmul_peak"] > 0, name
+    assert by_name["kvray"]["compiled"] is False  # off on CPU unless --compile
     # vLLM-compatible summary of the first backend.
     assert result["num_requests"] == 6
     assert result["total_num_tokens"] == workload["prompt_tokens"] + workload["output_tokens"]
@@ -101,3 +110,16 @@ def test_workloads_are_seeded_and_in_range(demo_dir: Path) -> None:
     prefixes = {r.prompt_ids[:10] for r in shared.requests}
     assert len(prefixes) == 1 and len({r.prompt_ids for r in shared.requests}) == 5
     assert shared.prompt_tokens == 5 * 13 and shared.output_tokens == 10
+
+
+def test_compile_flag_runs_kvray_both_ways_side_by_side() -> None:
+    import argparse
+
+    from cluster.bench.throughput import _plan, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    plan = _plan(parser.parse_args(["--compare", "--compile"]))
+    assert plan == ["kvray", "kvray-eager", "hf", "hf-cb"]
+    assert _plan(parser.parse_args(["--compare", "--no-compile"]))[1] == "kvray-compiled"
+    assert parser.parse_args([]).compile is None  # the engine's default

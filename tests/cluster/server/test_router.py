@@ -105,6 +105,10 @@ def test_fallback_rule() -> None:
     assert not _saturated(StubReplica("p", routing_stats={**half, "queued": 4}))
     assert _saturated(StubReplica("p", routing_stats={**half, "queued": 5}))
     assert not _saturated(StubReplica("p", routing_stats={"queued": 50}))  # no cap: no rule
+    # ... and half way to its cap on waiting prompt tokens.
+    tokens = {"max_queued_tokens": 1000}
+    assert not _saturated(StubReplica("p", routing_stats={**tokens, "queued_tokens": 499}))
+    assert _saturated(StubReplica("p", routing_stats={**tokens, "queued_tokens": 500}))
     # KV cache nearly full, at the configured limit.
     assert not _saturated(StubReplica("p", routing_stats={"kv_cache_usage": 0.94}))
     assert _saturated(StubReplica("p", routing_stats={"kv_cache_usage": 0.95}))

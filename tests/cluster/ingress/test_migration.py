@@ -1,0 +1,153 @@
+"""`migrating` with real engines standing in for two replicas: the first attempt's engine
+"dies" (its attempt raises EngineDeadError naming replica "a") after a few outputs, the next
+attempt runs on the other engine; what the caller gets must equal an undisturbed run. The
+policy (max_migrations, the replica to avoid, the error when exhausted) is checked on the
+same setup. Ray is not needed: the attempt function is the handle call's stand-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.errors import EngineDeadError
+from cluster.ingress.migration import migrating
+from cluster.server.messages import GenerateRequest
+from workers import AsyncEngine, EngineArgs, SamplingParams
+from workers.outputs import RequestOutput, RequestOutputKind
+
+
+@pytest.fixture(scope="module")
+def engines(demo_dir: Path) -> Iterator[dict[str, AsyncEngine]]:
+    made = {
+        name: AsyncEngine(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20))
+        for name in ("a", "b")
+    }
+    yield made
+    for e in made.values():
+        e.shutdown()
+
+
+class Replicas:
+    """Attempts go to replica "a" until it fails, then to the first one not excluded."""
+
+    def __init__(self, engines: dict[str, AsyncEngine], fail_after: int, failures: int = 1):
+        self.engines = engines
+        self.fail_after = fail_after  # outputs an attempt yields before its replica dies
+        self.failures = failures  # attempts that fail so
+        self.seen: list[GenerateRequest] = []
+        self._ids = itertools.count()
+
+    async def attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        self.seen.append(request)
+        name = next(n for n in self.engines if n not in request.exclude_replicas)
+        failing = len(self.seen) <= self.failures
+        engine = self.engines[name]
+        rid = f"{request.request_id}.{next(self._ids)}"
+        count = 0
+        async for out in engine.generate_input(request.input, rid):
+            if failing and count == self.fail_after:
+                engine.abort(rid)  # what the engine's death does to its KV blocks
+                raise EngineDeadError("engine died: test", replica=name)
+            count += 1
+            yield out
+
+
+def _request(engines: dict[str, AsyncEngine], params: SamplingParams) -> GenerateRequest:
+    checker = engines["a"].input_checker
+    return GenerateRequest("req", checker.check(list(range(300, 324)), params))
+
+
+async def _collect(outs: AsyncIterator[RequestOutput]) -> tuple[dict[int, str], RequestOutput]:
+    texts: dict[int, str] = {}
+    last = None
+    async for out in outs:
+        for c in out.outputs:
+            texts[c.index] = texts.get(c.index, "") + c.delta_text
+        last = out
+    assert last is not None and last.finished
+    return texts, last
+
+
+def _run(coro):  # noqa: ANN001, ANN202
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=80, temperature=0.9, top_p=0.9, seed=7, n=3, ignore_eos=True),
+        SamplingParams(
+            max_tokens=80,
+            temperature=0.0,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        ),
+    ],
+    ids=["greedy", "seeded-n3", "not-streamed"],
+)
+def test_a_request_moved_mid_stream_equals_an_undisturbed_run(
+    engines: dict[str, AsyncEngine], params: SamplingParams
+) -> None:
+    streamed = params.output_kind is RequestOutputKind.DELTA
+
+    async def both() -> tuple:
+        request = _request(engines, params)
+        undisturbed = Replicas(engines, fail_after=10**9, failures=0)
+        want = await _collect(migrating(undisturbed.attempt, request, 3))
+        # Not streamed: its one output is the last, so the engine dies before it.
+        moved = Replicas(engines, fail_after=5 if streamed else 0)
+        got = await _collect(migrating(moved.attempt, request, 3))
+        return want, got, moved.seen
+
+    (want_texts, want), (got_texts, got), seen = _run(both())
+    assert got_texts == want_texts
+    assert [c.text for c in got.outputs] == [c.text for c in want.outputs]
+    assert [c.token_ids for c in got.outputs] == [c.token_ids for c in want.outputs]
+    assert [c.finish_reason for c in got.outputs] == ["length"] * params.n
+    assert got.metrics.num_generation_tokens == want.metrics.num_generation_tokens == 80 * params.n
+    # The second attempt avoided the replica that failed, under a new engine request id.
+    assert [r.migration for r in seen] == [0, 1]
+    assert seen[1].exclude_replicas == {"a"} and seen[1].request_id != seen[0].request_id
+    assert bool(seen[1].input.resume) == streamed  # not streamed: it runs again from scratch
+    _assert_no_blocks_held(engines)
+
+
+def _assert_no_blocks_held(engines: dict[str, AsyncEngine]) -> None:
+    """Every KV block came back (stats refresh once the engine thread ran the abort)."""
+    deadline = time.monotonic() + 10
+    while any(e.stats().kv_blocks_used for e in engines.values()):
+        assert time.monotonic() < deadline, {n: e.stats() for n, e in engines.items()}
+        time.sleep(0.01)
+
+
+def test_more_failures_than_max_migrations_is_an_error_naming_the_limit(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    failing = Replicas(engines, fail_after=3, failures=10)
+
+    async def run() -> None:
+        await _collect(migrating(failing.attempt, _request(engines, params), 1))
+
+    with pytest.raises(EngineDeadError, match=r"failed on 2 replicas \(max_migrations=1\)"):
+        _run(run())
+    assert len(failing.seen) == 2
+
+
+def test_max_migrations_zero_keeps_the_original_error(engines: dict[str, AsyncEngine]) -> None:
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    failing = Replicas(engines, fail_after=3)
+
+    async def run() -> None:
+        await _collect(migrating(failing.attempt, _request(engines, params), 0))
+
+    with pytest.raises(EngineDeadError, match="engine died: test"):
+        _run(run())
+    assert len(failing.seen) == 1

@@ -1,0 +1,247 @@
+"""Request migration end to end: 32 long requests (half greedy, half seeded sampling; HTTP
+streamed and not, gRPC GenerateStream and Generate) while the replica serving many of them
+loses its engine process, its actor, a TP rank, or is removed by a config update. Every
+request must finish with exactly the text of an undisturbed run (the offline engine's) and
+exact usage; the survivors must hold no KV block afterwards. A request that fails on more
+replicas than --max-migrations allows gets a clear 503.
+
+Without migration each of these faults ends the victim's requests with a 503 / UNAVAILABLE,
+so every test here fails on a server that does not migrate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cluster.cli.config import IMPORT_PATH
+from cluster.config import ServeConfig
+from tests.cluster.migration_load import (
+    LoadRequest,
+    build_load,
+    busiest_replica,
+    expected_texts,
+    failures,
+    kill_pid,
+    pid_gone,
+    start_load,
+    wait_for,
+)
+from tests.cluster.serve_helpers import (
+    KV_CACHE_BYTES,
+    App,
+    ServePorts,
+    deploy,
+    replica_stats,
+    wait_until_idle,
+)
+
+pytestmark = pytest.mark.slow
+
+# A stopped replica's requests move after this grace period (the config-update test).
+GRACE_S = 2.0
+NAME, PREFIX = "migration", "/migration"
+DEFAULTS = ServeConfig()
+
+
+def _config(**kw: object) -> ServeConfig:
+    base = {
+        "num_replicas": 2,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "graceful_shutdown_timeout_s": GRACE_S,
+        "api_key_env": "KVRAY_MIGRATION_NO_KEY",  # unset on the cluster: no key required
+    }
+    return ServeConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[LoadRequest]:
+    return build_load(seed=15)
+
+
+@pytest.fixture(scope="module")
+def expected(demo_dir: Path, requests: list[LoadRequest]) -> list[str]:
+    return expected_texts(demo_dir, requests)
+
+
+def _deploy(ports: ServePorts, replicas: int | None = None) -> App:
+    """The app deployed as `serve deploy` does it, from a Serve config (import path + args);
+    `replicas` overrides the LLMServer deployment's num_replicas in its `deployments:`
+    section: a lightweight update, which changes no other deployment (the ingress, which
+    carries the streams, stays)."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    from cluster.grpc_api.ingress import grpc_options
+
+    config = _config()
+    args = {k: v for k, v in dataclasses.asdict(config).items() if v != getattr(DEFAULTS, k)}
+    spec: dict = {"name": NAME, "route_prefix": PREFIX, "import_path": IMPORT_PATH, "args": args}
+    if replicas is not None:
+        spec["deployments"] = [{"name": "LLMServer", "num_replicas": replicas}]
+    schema = ServeDeploySchema.model_validate(
+        {
+            "http_options": {"host": "127.0.0.1", "port": ports.http},
+            "grpc_options": grpc_options(ports.grpc),
+            "applications": [spec],
+        }
+    )
+    _get_global_client().deploy_apps(schema)
+
+    def running() -> bool:
+        app = serve.status().applications.get(NAME)
+        return app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING"
+
+    wait_for(running, "the application to run", 180)
+    return App(NAME, f"http://127.0.0.1:{ports.http}{PREFIX}", config.model_name(), None)
+
+
+@pytest.fixture(scope="module")
+def app(serve_ports: ServePorts) -> Iterator[App]:
+    from ray import serve
+
+    app = _deploy(serve_ports)
+    try:
+        yield app
+    finally:
+        serve.delete(app.name)
+
+
+def _running_replicas(app: App) -> int:
+    from ray import serve
+
+    status = serve.status().applications[app.name].deployments["LLMServer"]
+    states = {str(getattr(k, "value", k)): v for k, v in status.replica_states.items()}
+    return states.get("RUNNING", 0) if set(states) == {"RUNNING"} else -1
+
+
+def _kill_under_load(
+    app: App,
+    ports: ServePorts,
+    requests: list[LoadRequest],
+    expected: list[str],
+    which: str,
+) -> dict:
+    """Starts the load, SIGKILLs the busiest replica's `which` pid ("engine_pid" or "pid")
+    once every stream is under way, and checks every request against its undisturbed text."""
+    load = start_load(app, ports.grpc, requests)
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+    victim = busiest_replica(app, 2)
+    assert victim["num_requests_running"] > 0, victim
+    kill_pid(victim[which])
+    results = load.wait()
+    assert pid_gone(victim[which])
+    assert failures(results, expected) == []
+    return victim
+
+
+def _wait_replaced(app: App, victim: dict, replicas: int = 2) -> None:
+    """Serve replaced the victim; every replica idle, no KV block held (nothing leaked)."""
+    wait_for(lambda: _running_replicas(app) == replicas, "the replacement replica", 180)
+    stats = wait_until_idle(app, replicas)
+    assert victim["replica"] not in stats
+    assert all(s["kv_blocks_used"] == 0 for s in stats.values()), stats
+
+
+def test_engine_process_killed(
+    app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
+) -> None:
+    victim = _kill_under_load(app, serve_ports, requests, expected, "engine_pid")
+    _wait_replaced(app, victim)
+
+
+def test_replica_actor_killed(
+    app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
+) -> None:
+    victim = _kill_under_load(app, serve_ports, requests, expected, "pid")
+    _wait_replaced(app, victim)
+
+
+def test_replica_removed_by_a_config_update(
+    app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
+) -> None:
+    load = start_load(app, serve_ports.grpc, requests)
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+    before = replica_stats(app, 2)
+    assert all(s["num_requests_running"] > 0 for s in before.values()), before
+    # One replica fewer: Serve stops one; its requests run GRACE_S more, then move.
+    _deploy(serve_ports, 1)
+    results = load.wait()
+    assert failures(results, expected) == []
+    wait_for(lambda: _running_replicas(app) == 1, "the scale-down", 60)
+    (left,) = wait_until_idle(app, 1).values()
+    assert left["kv_blocks_used"] == 0
+
+
+def test_more_failures_than_max_migrations_is_a_clear_503(serve_ports: ServePorts) -> None:
+    from ray import serve
+
+    app = deploy("migration-max", "/migration-max", _config(max_migrations=1), serve_ports, None)
+    try:
+        engines = [s["engine_pid"] for s in replica_stats(app, 2).values()]
+        with httpx.Client(timeout=240) as http:
+            body = {"model": app.model, "prompt": [400] * 8, "max_tokens": 600}
+            body |= {"ignore_eos": True, "temperature": 0.0}
+            pending = _post_soon(http, f"{app.base_url}/v1/completions", body)
+            wait_for(lambda: busiest_replica(app, 2)["num_requests_running"] == 1, "the request")
+            for pid in engines:  # both engines die: the request fails twice
+                kill_pid(pid)
+                time.sleep(0.5)
+            resp = pending()
+        assert resp.status_code == 503, resp.text
+        message = resp.json()["error"]["message"]
+        assert "max_migrations=1" in message and "2 replicas" in message, message
+    finally:
+        serve.delete(app.name)
+
+
+def _post_soon(http: httpx.Client, url: str, body: dict) -> Callable[[], httpx.Response]:
+    """POSTs on a thread; returns the function that waits for the response."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1)
+    fut = pool.submit(http.post, url, json=body)
+    pool.shutdown(wait=False)
+    return lambda: fut.result(timeout=240)
+
+
+def test_tp_rank_killed(
+    serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
+) -> None:
+    from ray import serve
+
+    config = _config(tensor_parallel_size=2)
+    app = deploy("migration-tp", "/migration-tp", config, serve_ports, None)
+    try:
+        load = start_load(app, serve_ports.grpc, requests)
+        wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+        ranks = _rank_pids()
+        assert len(ranks) == 4, ranks  # 2 replicas x 2 ranks
+        kill_pid(ranks[-1])
+        results = load.wait()
+        assert failures(results, expected) == []
+        stats = wait_until_idle(app, 1)
+        assert all(s["kv_blocks_used"] == 0 for s in stats.values()), stats
+    finally:
+        serve.delete(app.name)
+
+
+def _rank_pids() -> list[int]:
+    """Processes of TP rank actors (Ray titles them `ray::RankWorker...`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"ray::RankWorker"):
+            pids.append(int(proc.name))
+    return sorted(pids)

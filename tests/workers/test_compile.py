@@ -1,0 +1,51 @@
+"""Shape buckets (workers/compile_sizes.py) and the compile switch of the compiled forward.
+
+CPU only and fast: nothing here compiles (tests/workers/test_compile_parity.py does, once)."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.compile_sizes import MAX_CAPTURE_SIZE, capture_sizes, padded_size
+from workers.config import CompilationConfig, EngineArgs
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 100, 256, 512, 4096])
+def test_every_decode_batch_has_a_bucket_with_bounded_padding(max_num_seqs: int) -> None:
+    sizes = capture_sizes(max_num_seqs)
+    assert list(sizes) == sorted(set(sizes)) and sizes[0] == 1
+    top = min(max_num_seqs, MAX_CAPTURE_SIZE)
+    assert sizes[-1] == top
+    assert len(sizes) <= 16  # captures stay a bounded number
+    for n in range(1, top + 1):
+        bucket = padded_size(n, sizes)
+        assert bucket is not None and n <= bucket < 2 * n
+        # the smallest bucket that holds n: the one below it does not
+        below = [s for s in sizes if s < bucket]
+        assert not below or below[-1] < n
+    assert padded_size(top + 1, sizes) is None  # larger batches run without a graph
+
+
+def test_capture_sizes_refuse_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        capture_sizes(0)
+
+
+def test_compile_switch_defaults_per_device() -> None:
+    # Off on CPU unless asked (it does not win there, README "Compiled forward pass").
+    assert CompilationConfig.resolve(None, "cpu", 256) == CompilationConfig()
+    cpu = CompilationConfig.resolve(True, "cpu", 256)
+    assert cpu.enabled and not cpu.cuda_graphs and cpu.capture_sizes == ()
+    cuda = CompilationConfig.resolve(True, "cuda", 64)
+    assert cuda.enabled and cuda.cuda_graphs and cuda.capture_sizes == capture_sizes(64)
+    # Not yet measured on a GPU: off until tests/gpu/check.sh says it wins.
+    assert not CompilationConfig.resolve(None, "cuda", 64).enabled
+    with pytest.raises(ValueError, match="^compile must be"):
+        CompilationConfig.resolve("yes", "cpu", 8)  # type: ignore[arg-type]
+
+
+def test_engine_args_carry_the_switch(demo_dir) -> None:
+    on = EngineArgs(model=str(demo_dir), compile=True, device="cpu").create_config()
+    assert on.compilation.enabled and not on.compilation.cuda_graphs
+    off = EngineArgs(model=str(demo_dir), device="cpu").create_config()
+    assert not off.compilation.enabled

@@ -6,10 +6,37 @@ import argparse
 import socket
 
 from cluster.bench.backend_types import BackendContext
-from cluster.config import ServeConfig
+from cluster.config import ROUTERS, ServeConfig
+from cluster.units import parse_size
 
 _DEFAULTS = ServeConfig()
 APP_NAME = "kvray-bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The --launch flags: the local app's shape."""
+    g = parser.add_argument_group("--launch: a local kvray app to benchmark")
+    g.add_argument("--launch", action="store_true", help="start local Ray + the kvray app")
+    g.add_argument("--num-replicas", type=int, default=_DEFAULTS.num_replicas)
+    g.add_argument(
+        "--request-router",
+        default=_DEFAULTS.request_router,
+        help=f"comma list of {', '.join(ROUTERS)}: one launched app each",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.stream_interval_ms)
+    g.add_argument("--kv-cache-memory", type=parse_size, default=None)
+    g.add_argument(
+        "--max-migrations",
+        type=int,
+        default=_DEFAULTS.max_migrations,
+        help="requests' moves to another replica when theirs dies (0: off; see --fault-at)",
+    )
+    g.add_argument(
+        "--no-engine-process",
+        action="store_true",
+        help="the replica's engine core on a thread, not in a child process",
+    )
 
 
 class LocalCluster:

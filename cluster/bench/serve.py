@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.bench import fault, overload
+from cluster.bench import fault, launch, overload
 from cluster.bench.backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.bench.common import (
     BenchRequest,
@@ -53,7 +53,6 @@ from cluster.bench.serve_workload import build_workload
 from cluster.config import ROUTERS, ServeConfig
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 from cluster.serve_env import apply_serve_env
-from cluster.units import parse_size
 
 _DEFAULTS = ServeConfig()
 
@@ -103,28 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "= its reserved CPUs), so both run the same engine; 0 = torch's default",
     )
     a("--result-json", default=None, metavar="FILE")
-    g = parser.add_argument_group("--launch: a local kvray app to benchmark")
-    g.add_argument("--launch", action="store_true", help="start local Ray + the kvray app")
-    g.add_argument("--num-replicas", type=int, default=_DEFAULTS.num_replicas)
-    g.add_argument(
-        "--request-router",
-        default=_DEFAULTS.request_router,
-        help=f"comma list of {', '.join(ROUTERS)}: one launched app each",
-    )
-    g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
-    g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.stream_interval_ms)
-    g.add_argument("--kv-cache-memory", type=parse_size, default=None)
-    g.add_argument(
-        "--max-migrations",
-        type=int,
-        default=_DEFAULTS.max_migrations,
-        help="requests' moves to another replica when theirs dies (0: off; see --fault-at)",
-    )
-    g.add_argument(
-        "--no-engine-process",
-        action="store_true",
-        help="the replica's engine core on a thread, not in a child process",
-    )
+    launch.add_arguments(parser)
     overload.add_arguments(parser)
     fault.add_arguments(parser)
 

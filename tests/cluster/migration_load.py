@@ -1,7 +1,7 @@
 """Load and faults for the migration tests: long requests over every API, their expected text
 from the offline engine, and ways to kill what serves them.
 
-A load is 32 requests of 160-320 tokens (ignore_eos, so usage is exact), half greedy and
+A load is 32 requests of 128-256 tokens (ignore_eos, so usage is exact), half greedy and
 half seeded sampling, spread over HTTP streamed / not streamed and gRPC GenerateStream /
 Generate. `expected_texts` runs the same requests through the offline `workers.LLM`: greedy
 and seeded sampling do not depend on batching or on the replica, so a request that moved
@@ -73,8 +73,8 @@ def build_load(
     seed: int,
     count: int = 32,
     prompt_len: int = 24,
-    min_tokens: int = 160,
-    max_tokens: int = 320,
+    min_tokens: int = 128,
+    max_tokens: int = 256,
 ) -> list[LoadRequest]:
     rng = random.Random(seed)
     return [

@@ -190,11 +190,13 @@ def kvray_exposition(text: str) -> str:
 
 def documented_metrics() -> dict[str, tuple[str, frozenset[str]]]:
     """monitoring/README.md's metrics table: name -> (type, label names)."""
-    row = re.compile(r"^\| `(kvray_[a-z0-9_]+)` \| (gauge|counter|histogram) \| ([a-z_, ]+) \|")
+    # Labels: a comma list, or "—" for a family without labels of its own.
+    row = re.compile(r"^\| `(kvray_[a-z0-9_]+)` \| (gauge|counter|histogram) \| ([a-z_, ]+|—) \|")
     table: dict[str, tuple[str, frozenset[str]]] = {}
     for line in README.read_text().splitlines():
         if m := row.match(line):
-            labels = frozenset(label.strip() for label in m.group(3).split(","))
+            names = () if m.group(3) == "—" else m.group(3).split(",")
+            labels = frozenset(label.strip() for label in names)
             table[m.group(1)] = (m.group(2), labels)
     return table
 

@@ -319,6 +319,8 @@ def test_router_counters_carry_their_labels(exporter: Any) -> None:
     host.call("router", "request", "grpc", "RESOURCE_EXHAUSTED")
     host.call("router", "routing", "affinity")
     host.call("router", "rejected", "queue_full")
+    host.call("router", "migration", "engine_died")
+    host.call("router", "migration_resumed", 0.3)
     expected = tuple(b + d for b, d in zip(before, (2, 1, 1, 1), strict=True))
     scrape_until(url, lambda s: router(s) == expected, "router counters")
 

@@ -59,9 +59,10 @@ class Load:
     futures: list[Future] = field(default_factory=list)
 
     def streamed_progress(self) -> int:
-        """The fewest pieces any streamed request has received (0 until all started)."""
+        """The fewest pieces any running streamed request has received (0 until all started);
+        a stream already over (a short one coalesced into few chunks) does not hold it back."""
         streamed = [r for r in self.results if r.request.via.endswith("_stream")]
-        return min(r.tokens_seen for r in streamed)
+        return min(10**9 if r.done else r.tokens_seen for r in streamed)
 
     def wait(self, timeout_s: float = CLIENT_TIMEOUT_S) -> list[Result]:
         for f in self.futures:

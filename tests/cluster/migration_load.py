@@ -76,6 +76,7 @@ def build_load(
     prompt_len: int = 24,
     min_tokens: int = 128,
     max_tokens: int = 256,
+    vias: tuple[str, ...] = VIAS,
 ) -> list[LoadRequest]:
     rng = random.Random(seed)
     return [
@@ -84,7 +85,7 @@ def build_load(
             prompt=rng.choices(_IDS, k=prompt_len),
             max_tokens=rng.randint(min_tokens, max_tokens),
             seed=None if i % 2 == 0 else 1000 + i,
-            via=VIAS[(i // 2) % len(VIAS)],
+            via=vias[(i // 2) % len(vias)],
         )
         for i in range(count)
     ]

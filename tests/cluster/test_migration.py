@@ -61,7 +61,9 @@ def _config(**kw: object) -> ServeConfig:
 
 @pytest.fixture(scope="module")
 def requests() -> list[LoadRequest]:
-    return build_load(seed=15)
+    # HTTP only here: Serve's gRPC port is shared (SO_REUSEPORT) with the session's other apps,
+    # whose GrpcIngress may answer; gRPC migration runs in the two-node test's own cluster.
+    return build_load(seed=15, vias=("http_stream", "http"))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.bench.backend_types import Backend, BackendContext, RequestRecord
@@ -35,38 +36,64 @@ async def open_backend(name: str, ctx: BackendContext) -> Backend:
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 
+def completions_target(ctx: BackendContext) -> tuple[str, dict[str, str]]:
+    """The server's /v1/completions URL and the request headers (the API key's, if any)."""
+    headers = {"Content-Type": "application/json"}
+    if ctx.api_key:
+        headers["Authorization"] = f"Bearer {ctx.api_key}"
+    return f"{(ctx.base_url or '').rstrip('/')}/v1/completions", headers
+
+
+def stream_body(ctx: BackendContext, req: BenchRequest) -> dict[str, Any]:
+    """A bench request as a streamed /v1/completions body: greedy, ignore_eos, usage at the end."""
+    return {
+        "model": ctx.model,
+        "prompt": list(req.prompt_ids),
+        "max_tokens": req.output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def http_session(ctx: BackendContext) -> Any:
+    """An aiohttp session for a benchmark's requests to --base-url."""
+    import aiohttp
+
+    if not ctx.base_url:
+        raise ValueError("the http backend needs --base-url (or --launch)")
+    # No connection cap: --max-concurrency is the only limit on requests in flight.
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
+async def sse_messages(resp: Any) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    """(arrival time, parsed JSON) of each `data:` frame of an SSE response, [DONE] left out."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        while b"\n\n" in buf:
+            frame, buf = buf.split(b"\n\n", 1)
+            if frame.startswith(b"data: ") and frame[6:] != b"[DONE]":
+                yield time.perf_counter(), json.loads(frame[6:])
+
+
 class HttpBackend:
     name = "http"
 
     def __init__(self, ctx: BackendContext, session: Any) -> None:
         self._ctx = ctx
         self._session = session
-        self._url = f"{(ctx.base_url or '').rstrip('/')}/v1/completions"
-        self._headers = {"Content-Type": "application/json"}
-        if ctx.api_key:
-            self._headers["Authorization"] = f"Bearer {ctx.api_key}"
+        self._url, self._headers = completions_target(ctx)
 
     @staticmethod
     async def open(ctx: BackendContext) -> HttpBackend:
-        import aiohttp
-
-        if not ctx.base_url:
-            raise ValueError("the http backend needs --base-url (or --launch)")
-        # No connection cap: --max-concurrency is the only limit on requests in flight.
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-        return HttpBackend(ctx, aiohttp.ClientSession(connector=connector, timeout=timeout))
+        return HttpBackend(ctx, http_session(ctx))
 
     async def send(self, req: BenchRequest) -> RequestRecord:
-        body = {
-            "model": self._ctx.model,
-            "prompt": list(req.prompt_ids),
-            "max_tokens": req.output_len,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        body = stream_body(self._ctx, req)
         if req.json_schema:  # constrained: ends with its grammar, max_tokens a cap
             body["ignore_eos"] = False
             body["response_format"] = {
@@ -81,32 +108,21 @@ class HttpBackend:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return rec
-                buf = b""
-                async for chunk in resp.content.iter_any():
-                    buf += chunk
-                    while b"\n\n" in buf:
-                        frame, buf = buf.split(b"\n\n", 1)
-                        if not frame.startswith(b"data: "):
-                            continue
-                        data = frame[6:]
-                        if data == b"[DONE]":
-                            continue
-                        now = time.perf_counter()
-                        msg = json.loads(data)
-                        if msg.get("error"):
-                            rec.error = str(msg["error"].get("message"))
-                            return rec
-                        if msg.get("choices"):
-                            if rec.ttft == 0.0:
-                                rec.ttft = now - start
-                            else:
-                                rec.itl.append(now - last)
-                            last = now
-                        usage = msg.get("usage")
-                        if usage:
-                            rec.output_len = usage["completion_tokens"]
-                            details = usage.get("prompt_tokens_details") or {}
-                            rec.cached_tokens = int(details.get("cached_tokens") or 0)
+                async for now, msg in sse_messages(resp):
+                    if msg.get("error"):
+                        rec.error = str(msg["error"].get("message"))
+                        return rec
+                    if msg.get("choices"):
+                        if rec.ttft == 0.0:
+                            rec.ttft = now - start
+                        else:
+                            rec.itl.append(now - last)
+                        last = now
+                    usage = msg.get("usage")
+                    if usage:
+                        rec.output_len = usage["completion_tokens"]
+                        details = usage.get("prompt_tokens_details") or {}
+                        rec.cached_tokens = int(details.get("cached_tokens") or 0)
         except Exception as err:  # a failed request is a data point, not a crash
             rec.error = f"{type(err).__name__}: {err}"
             return rec

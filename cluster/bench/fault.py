@@ -30,7 +30,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,9 @@ from cluster.bench.fault_report import (
     summarize_fault,
 )
 from cluster.bench.fault_stream import FAULT_BACKENDS, StreamTrace, open_stream_client
-from cluster.bench.launch import APP_NAME, LocalCluster
+from cluster.bench.launch import server_context, single_app
 from cluster.bench.overload import stats_handle
 from cluster.bench.serve_workload import build_workload
-from cluster.serve_env import apply_serve_env
 
 KINDS = ("engine", "replica")
 STATS_CALL_TIMEOUT_S = 5.0
@@ -317,14 +316,8 @@ async def _fault(
 # -- the command ------------------------------------------------------------------------------
 
 
-def run_command(
-    args: argparse.Namespace,
-    model_dir: Path,
-    token_ids: Sequence[int],
-    with_server_defaults: Callable[[BackendContext], Awaitable[BackendContext]],
-) -> int:
-    """`kvray bench serve --fault-at S`; `with_server_defaults` fills the model id and gRPC
-    address of a server given by --base-url (serve.py's)."""
+def run_command(args: argparse.Namespace, model_dir: Path, token_ids: Sequence[int]) -> int:
+    """`kvray bench serve --fault-at S`."""
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     problem = ""
     if len(backends) != 1 or backends[0] not in FAULT_BACKENDS:
@@ -347,23 +340,10 @@ def run_command(
         f"{lo}-{hi} output tokens, rate {args.request_rate}, max concurrency "
         f"{args.max_concurrency}, over {backends[0]}"
     )
-    base = BackendContext(
-        model=args.served_model_name or "",
-        model_dir=str(model_dir),
-        base_url=args.base_url,
-        grpc_address=args.grpc_address,
-        api_key=args.api_key,
-    )
+    base = server_context(args, model_dir)
     with contextlib.ExitStack() as stack:
-        app_name = args.app_name
-        if args.launch:
-            apply_serve_env()  # as `kvray serve` runs it; before anything imports ray.serve
-            queued = len(workload.requests) + len(warmup.requests)
-            cluster = stack.enter_context(LocalCluster(args, max_queued=queued))
-            ctx = cluster.deploy(args.request_router.split(",")[0].strip(), base)
-            app_name = APP_NAME
-        else:
-            ctx = asyncio.run(with_server_defaults(base))
+        queued = len(workload.requests) + len(warmup.requests)
+        ctx, app_name = single_app(args, base, stack, max_queued=queued)
         # Its own event loop, closed before Serve and Ray shut down (as --overload's).
         summary = asyncio.run(
             run_fault(args, backends[0], ctx, workload.requests, warmup.requests, app_name)

@@ -15,13 +15,14 @@ sent mid-stream, or the gRPC status name) and message are kept with the tokens i
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cluster.bench.backend_types import BackendContext
+from cluster.bench.backends import completions_target, http_session, sse_messages, stream_body
 from cluster.bench.common import BenchRequest
+from cluster.bench.grpc_backend import generate_request, grpc_metadata, open_grpc_stub
 
 FAULT_BACKENDS = ("http", "grpc")
 CLIENT_ERROR = "client"  # the status of a stream that got no answer from the server
@@ -64,32 +65,14 @@ class HttpStreams:
     def __init__(self, ctx: BackendContext, session: Any) -> None:
         self._ctx = ctx
         self._session = session
-        self._url = f"{(ctx.base_url or '').rstrip('/')}/v1/completions"
-        self._headers = {"Content-Type": "application/json"}
-        if ctx.api_key:
-            self._headers["Authorization"] = f"Bearer {ctx.api_key}"
+        self._url, self._headers = completions_target(ctx)
 
     @staticmethod
     async def open(ctx: BackendContext) -> HttpStreams:
-        import aiohttp
-
-        if not ctx.base_url:
-            raise ValueError("the http backend needs --base-url (or --launch)")
-        connector = aiohttp.TCPConnector(limit=0)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-        return HttpStreams(ctx, aiohttp.ClientSession(connector=connector, timeout=timeout))
+        return HttpStreams(ctx, http_session(ctx))
 
     async def send(self, req: BenchRequest) -> StreamTrace:
-        body = {
-            "model": self._ctx.model,
-            "prompt": list(req.prompt_ids),
-            "max_tokens": req.output_len,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "logprobs": 0,  # each chunk then lists its tokens
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        body = {**stream_body(self._ctx, req), "logprobs": 0}  # each chunk lists its tokens
         trace = StreamTrace(time.perf_counter(), req.prompt_len, req.output_len)
         try:
             async with self._session.post(self._url, json=body, headers=self._headers) as resp:
@@ -97,14 +80,9 @@ class HttpStreams:
                 if resp.status != 200:
                     trace.error = (await resp.text())[:200]
                     return _ended(trace)
-                buf = b""
-                async for data in resp.content.iter_any():
-                    buf += data
-                    while b"\n\n" in buf:
-                        frame, buf = buf.split(b"\n\n", 1)
-                        if frame.startswith(b"data: ") and frame[6:] != b"[DONE]":
-                            if not _http_frame(trace, json.loads(frame[6:])):
-                                return _ended(trace)
+                async for now, msg in sse_messages(resp):
+                    if not _http_frame(trace, now, msg):
+                        return _ended(trace)
         except Exception as err:  # a failed stream is a data point, not a crash
             trace.status, trace.error = CLIENT_ERROR, f"{type(err).__name__}: {err}"
             return _ended(trace)
@@ -114,9 +92,9 @@ class HttpStreams:
         await self._session.close()
 
 
-def _http_frame(trace: StreamTrace, msg: dict[str, Any]) -> bool:
-    """Records one SSE frame; False when it is an error (the stream ends there)."""
-    now = time.perf_counter()
+def _http_frame(trace: StreamTrace, now: float, msg: dict[str, Any]) -> bool:
+    """Records one SSE frame that arrived at `now`; False when it is an error (the stream ends
+    there)."""
     err = msg.get("error")
     if err:
         trace.status = str(err.get("code") or "error")
@@ -138,32 +116,16 @@ class GrpcStreams:
         self._ctx = ctx
         self._channel = channel
         self._stub = stub
-        self._metadata = (("authorization", f"Bearer {ctx.api_key}"),) if ctx.api_key else ()
+        self._metadata = grpc_metadata(ctx)
 
     @staticmethod
     async def open(ctx: BackendContext) -> GrpcStreams:
-        import grpc.aio
-
-        from kvray.v1 import llm_pb2_grpc
-
-        if not ctx.grpc_address:
-            raise ValueError("the grpc backend needs --grpc-address HOST:PORT (or --launch)")
-        channel = grpc.aio.insecure_channel(ctx.grpc_address)
-        await channel.channel_ready()
-        return GrpcStreams(ctx, channel, llm_pb2_grpc.LLMServiceStub(channel))
+        return GrpcStreams(ctx, *await open_grpc_stub(ctx))
 
     async def send(self, req: BenchRequest) -> StreamTrace:
         import grpc
 
-        from kvray.v1 import llm_pb2
-
-        msg = llm_pb2.GenerateRequest(
-            model=self._ctx.model,
-            token_ids=llm_pb2.TokenIds(ids=req.prompt_ids),
-            sampling=llm_pb2.SamplingParams(
-                max_tokens=req.output_len, ignore_eos=True, temperature=0.0
-            ),
-        )
+        msg = generate_request(self._ctx, req)
         trace = StreamTrace(time.perf_counter(), req.prompt_len, req.output_len)
         try:
             async for resp in self._stub.GenerateStream(msg, metadata=self._metadata):

@@ -17,6 +17,11 @@ from cluster.bench.common import BenchRequest
 
 
 async def open_grpc_backend(ctx: BackendContext) -> GrpcBackend:
+    return GrpcBackend(ctx, *await open_grpc_stub(ctx))
+
+
+async def open_grpc_stub(ctx: BackendContext) -> tuple[Any, Any]:
+    """(channel, LLMService stub) to --grpc-address, once the channel is ready."""
     import grpc.aio
 
     from kvray.v1 import llm_pb2_grpc
@@ -25,7 +30,29 @@ async def open_grpc_backend(ctx: BackendContext) -> GrpcBackend:
         raise ValueError("the grpc backend needs --grpc-address HOST:PORT (or --launch)")
     channel = grpc.aio.insecure_channel(ctx.grpc_address)
     await channel.channel_ready()
-    return GrpcBackend(ctx, channel, llm_pb2_grpc.LLMServiceStub(channel))
+    return channel, llm_pb2_grpc.LLMServiceStub(channel)
+
+
+def grpc_metadata(ctx: BackendContext) -> tuple[tuple[str, str], ...]:
+    """Call metadata: the API key, if any."""
+    return (("authorization", f"Bearer {ctx.api_key}"),) if ctx.api_key else ()
+
+
+def generate_request(ctx: BackendContext, req: BenchRequest) -> Any:
+    """The GenerateRequest of a bench request: greedy, ignore_eos unless constrained."""
+    from kvray.v1 import llm_pb2
+
+    msg = llm_pb2.GenerateRequest(
+        model=ctx.model,
+        token_ids=llm_pb2.TokenIds(ids=req.prompt_ids),
+        sampling=llm_pb2.SamplingParams(
+            max_tokens=req.output_len, ignore_eos=True, temperature=0.0
+        ),
+    )
+    if req.json_schema:  # constrained: ends with its grammar, max_tokens a cap
+        msg.sampling.ignore_eos = False
+        msg.sampling.json_schema = req.json_schema
+    return msg
 
 
 class GrpcBackend:
@@ -35,23 +62,12 @@ class GrpcBackend:
         self._ctx = ctx
         self._channel = channel
         self._stub = stub
-        self._metadata = (("authorization", f"Bearer {ctx.api_key}"),) if ctx.api_key else ()
+        self._metadata = grpc_metadata(ctx)
 
     async def send(self, req: BenchRequest) -> RequestRecord:
         import grpc
 
-        from kvray.v1 import llm_pb2
-
-        msg = llm_pb2.GenerateRequest(
-            model=self._ctx.model,
-            token_ids=llm_pb2.TokenIds(ids=req.prompt_ids),
-            sampling=llm_pb2.SamplingParams(
-                max_tokens=req.output_len, ignore_eos=True, temperature=0.0
-            ),
-        )
-        if req.json_schema:  # constrained: ends with its grammar, max_tokens a cap
-            msg.sampling.ignore_eos = False
-            msg.sampling.json_schema = req.json_schema
+        msg = generate_request(self._ctx, req)
         rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
         start = time.perf_counter()
         last = start

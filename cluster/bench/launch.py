@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import socket
+from pathlib import Path
 
 from cluster.bench.backend_types import BackendContext
 from cluster.config import ROUTERS, ServeConfig
@@ -126,3 +129,56 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def with_server_defaults(ctx: BackendContext) -> BackendContext:
+    """Fills the model id (from /v1/models) and the gRPC address (base-url host, gRPC port)."""
+    from dataclasses import replace
+    from urllib.parse import urlparse
+
+    from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
+
+    model = ctx.model
+    if not model and ctx.base_url:
+        import aiohttp
+
+        headers = {"Authorization": f"Bearer {ctx.api_key}"} if ctx.api_key else {}
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{ctx.base_url.rstrip('/')}/v1/models", headers=headers) as r:
+                r.raise_for_status()
+                model = (await r.json())["data"][0]["id"]
+    grpc_address = ctx.grpc_address
+    if grpc_address is None and ctx.base_url:
+        grpc_address = f"{urlparse(ctx.base_url).hostname}:{DEFAULT_GRPC_PORT}"
+    return replace(ctx, model=model, grpc_address=grpc_address)
+
+
+def server_context(args: argparse.Namespace, model_dir: Path) -> BackendContext:
+    """What the flags say of the server to benchmark (--served-model-name, --base-url,
+    --grpc-address, --api-key); with_server_defaults fills in the rest."""
+    return BackendContext(
+        model=args.served_model_name or "",
+        model_dir=str(model_dir),
+        base_url=args.base_url,
+        grpc_address=args.grpc_address,
+        api_key=args.api_key,
+    )
+
+
+def single_app(
+    args: argparse.Namespace,
+    base: BackendContext,
+    stack: contextlib.ExitStack,
+    max_queued: int | None,
+) -> tuple[BackendContext, str | None]:
+    """The one app a mode that needs Serve's handle (--overload, --fault-at) runs against,
+    and its Serve application name: launched here (--launch, closed with `stack`; the first
+    of --request-router) or the server of --base-url / --app-name. `max_queued`: see
+    LocalCluster."""
+    if not args.launch:
+        return asyncio.run(with_server_defaults(base)), args.app_name
+    from cluster.serve_env import apply_serve_env
+
+    apply_serve_env()  # as `kvray serve` runs it; before anything imports ray.serve
+    cluster = stack.enter_context(LocalCluster(args, max_queued=max_queued))
+    return cluster.deploy(args.request_router.split(",")[0].strip(), base), APP_NAME

@@ -34,6 +34,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,12 @@ from cluster.bench.common import (
     write_result_json,
 )
 from cluster.bench.cpu import cpu_seconds_by_role, ms_per_token
-from cluster.bench.launch import APP_NAME, LocalCluster
+from cluster.bench.launch import (
+    LocalCluster,
+    server_context,
+    single_app,
+    with_server_defaults,
+)
 from cluster.bench.serve_report import compare, format_report, summarize, summary_line
 from cluster.bench.serve_workload import build_workload
 from cluster.config import ROUTERS, ServeConfig
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.overload:
         return _overload(args, model_dir, token_ids)
     if args.fault_at is not None:
-        return fault.run_command(args, model_dir, token_ids, _with_server_defaults)
+        return fault.run_command(args, model_dir, token_ids)
     # Round r's prompts: seed + r, so no round is served from the previous one's prefix cache.
     workloads = [
         build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + r}), token_ids)
@@ -243,12 +249,8 @@ async def _run_all(
     engine_kwargs: dict[str, Any] = {"max_num_seqs": args.max_num_seqs}
     if args.kv_cache_memory:
         engine_kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory
-    base = BackendContext(
-        model=args.served_model_name or "",
-        model_dir=str(model_dir),
-        base_url=args.base_url,
-        grpc_address=args.grpc_address,
-        api_key=args.api_key,
+    base = replace(
+        server_context(args, model_dir),
         engine_kwargs=engine_kwargs,
         torch_threads=args.inprocess_threads,
     )
@@ -261,7 +263,7 @@ async def _run_all(
         if not remote:
             return await _rounds(args, workloads, inprocess, [])
         if not args.launch:
-            ctx = await _with_server_defaults(base)
+            ctx = await with_server_defaults(base)
             opened = await _open_all(stack, remote, ctx, args, warmup, lambda n: n)
             return await _rounds(args, workloads, inprocess, opened)
         summaries = []
@@ -326,26 +328,6 @@ async def _rounds(
     return summaries
 
 
-async def _with_server_defaults(ctx: BackendContext) -> BackendContext:
-    """Fills the model id (from /v1/models) and the gRPC address (base-url host, gRPC port)."""
-    from dataclasses import replace
-    from urllib.parse import urlparse
-
-    model = ctx.model
-    if not model and ctx.base_url:
-        import aiohttp
-
-        headers = {"Authorization": f"Bearer {ctx.api_key}"} if ctx.api_key else {}
-        async with aiohttp.ClientSession() as s:
-            async with s.get(f"{ctx.base_url.rstrip('/')}/v1/models", headers=headers) as r:
-                r.raise_for_status()
-                model = (await r.json())["data"][0]["id"]
-    grpc_address = ctx.grpc_address
-    if grpc_address is None and ctx.base_url:
-        grpc_address = f"{urlparse(ctx.base_url).hostname}:{DEFAULT_GRPC_PORT}"
-    return replace(ctx, model=model, grpc_address=grpc_address)
-
-
 # -- --overload N (cluster/bench/overload.py) ---------------------------------------------------
 
 
@@ -358,22 +340,10 @@ def _overload(args: argparse.Namespace, model_dir: Path, token_ids: Sequence[int
         f"kvray bench serve --overload: {args.overload} requests at once, {args.input_len} "
         f"prompt + {args.output_len} output tokens each"
     )
-    base = BackendContext(
-        model=args.served_model_name or "",
-        model_dir=str(model_dir),
-        base_url=args.base_url,
-        api_key=args.api_key,
-    )
+    base = server_context(args, model_dir)
     with contextlib.ExitStack() as stack:
-        app_name = args.app_name
-        if args.launch:
-            apply_serve_env()  # as `kvray serve` runs it; before anything imports ray.serve
-            # The app's default caps: the point is to go far past them.
-            cluster = stack.enter_context(LocalCluster(args, max_queued=None))
-            ctx = cluster.deploy(args.request_router.split(",")[0].strip(), base)
-            app_name = APP_NAME
-        else:
-            ctx = asyncio.run(_with_server_defaults(base))
+        # The app's default caps (max_queued None): the point is to go far past them.
+        ctx, app_name = single_app(args, base, stack, max_queued=None)
         # Its own event loop, closed before Serve and Ray shut down: the stats handle's router
         # runs on it and must not outlive them.
         summary = asyncio.run(

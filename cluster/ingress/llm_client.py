@@ -80,7 +80,11 @@ class LLMClient:
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """LLMServer.generate's outputs; errors come out as cluster.errors classes."""
-        outputs = migrating(self._attempt, request, self.max_migrations, self.metrics)
+        outputs = (
+            migrating(self._attempt, request, self.max_migrations, self.metrics)
+            if self.max_migrations
+            else self._attempt(request)  # migration off: no resume state kept per output
+        )
         if is_streamed(request.input.params):
             return coalesced(outputs)
         return outputs  # one output, the final one: nothing to merge

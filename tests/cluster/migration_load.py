@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,13 +210,6 @@ def _first_diff(a: str, b: str) -> int:
     return next(diffs, min(len(a), len(b)))
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def busiest_replica(app: App, replicas: int) -> dict[str, Any]:
     """The stats of the replica running the most requests now."""
     stats = replica_stats(app, replicas)
@@ -227,11 +218,3 @@ def busiest_replica(app: App, replicas: int) -> dict[str, Any]:
 
 def kill_pid(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False

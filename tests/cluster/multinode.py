@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.serve_helpers import KV_CACHE_BYTES, App, free_port
+from tests.cluster.serve_helpers import KV_CACHE_BYTES, App, free_port, pids_matching, wait_for
 
 SLOT = "kvray_replica_slot"
 HEAD_RESOURCE = "node:__internal_head__"
@@ -56,12 +56,12 @@ class TwoNodeCluster:
 
     def raylet_pids(self) -> list[int]:
         """This cluster's raylets."""
-        return _pids(lambda cmd: b"/raylet" in cmd and self._mine(cmd))
+        return pids_matching(lambda cmd: b"/raylet" in cmd and self._mine(cmd))
 
     def worker_raylet_pid(self) -> int:
         """The joined node's raylet: the second raylet of a session names its socket
         `raylet.1` (the head's is `raylet`)."""
-        (pid,) = _pids(lambda cmd: b"/raylet\x00" in cmd and b"sockets/raylet.1" in cmd)
+        (pid,) = pids_matching(lambda cmd: b"/raylet\x00" in cmd and b"sockets/raylet.1" in cmd)
         return pid
 
     def _mine(self, cmd: bytes) -> bool:
@@ -71,7 +71,7 @@ class TwoNodeCluster:
     def close(self) -> None:
         """SIGKILLs every process of this cluster (never another Ray instance's)."""
         for _ in range(5):
-            pids = _pids(self._mine)
+            pids = pids_matching(self._mine)
             if not pids:
                 return
             for pid in pids:
@@ -80,20 +80,6 @@ class TwoNodeCluster:
                 except ProcessLookupError:
                     pass
             time.sleep(0.5)
-
-
-def _pids(match: Any) -> list[int]:
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if match(cmd):
-            out.append(int(proc.name))
-    return out
 
 
 def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
@@ -110,7 +96,6 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
         expected_texts,
         failures,
         start_load,
-        wait_for,
     )
     from tests.cluster.serve_helpers import replica_stats, wait_until_idle
     from workers.demo import demo_model_dir
@@ -144,7 +129,7 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
     nodes = {s["node_id"] for s in stats.values()}
     result: dict[str, Any] = {"replica_nodes": len(nodes)}
     load = start_load(app, grpc_port, requests)
-    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
     on_worker = [s for s in replica_stats(app, 2).values() if s["node_id"] != head]
     result["victim_running"] = on_worker[0]["num_requests_running"] if on_worker else 0
     # The test passes this raylet's pid in the environment: the worker node's raylet.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 API_KEY_ENV = "KVRAY_TEST_API_KEY"
@@ -103,6 +106,30 @@ def wait_until_idle(app: App, replicas: int, timeout_s: float = 60.0) -> dict[st
         if idle or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Polls `cond` until it holds; the bound is a hang guard, never a latency assert."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what} ({timeout_s:g} s)"
+        time.sleep(0.05)
+
+
+def pids_matching(match: Callable[[bytes], bool]) -> list[int]:
+    """Processes of this machine (other than this one) whose NUL-separated command line
+    `match` accepts (Linux /proc)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if match(cmd):
+            out.append(int(proc.name))
+    return out
 
 
 def deploy_with_engine_env(

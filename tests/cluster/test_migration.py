@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cluster.bench.fault import pid_gone
 from cluster.cli.config import IMPORT_PATH
 from cluster.config import ServeConfig
 from tests.cluster.migration_load import (
@@ -28,16 +29,16 @@ from tests.cluster.migration_load import (
     expected_texts,
     failures,
     kill_pid,
-    pid_gone,
     start_load,
-    wait_for,
 )
 from tests.cluster.serve_helpers import (
     KV_CACHE_BYTES,
     App,
     ServePorts,
     deploy,
+    pids_matching,
     replica_stats,
+    wait_for,
     wait_until_idle,
 )
 
@@ -133,7 +134,7 @@ def _kill_under_load(
     """Starts the load, SIGKILLs the busiest replica's `which` pid ("engine_pid" or "pid")
     once every stream is under way, and checks every request against its undisturbed text."""
     load = start_load(app, ports.grpc, requests)
-    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
     victim = busiest_replica(app, 2)
     assert victim["num_requests_running"] > 0, victim
     kill_pid(victim[which])
@@ -169,7 +170,7 @@ def test_replica_removed_by_a_config_update(
     app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
 ) -> None:
     load = start_load(app, serve_ports.grpc, requests)
-    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
     before = replica_stats(app, 2)
     assert all(s["num_requests_running"] > 0 for s in before.values()), before
     # One replica fewer: Serve stops one; its requests run GRACE_S more, then move.
@@ -191,7 +192,8 @@ def test_more_failures_than_max_migrations_is_a_clear_503(serve_ports: ServePort
             body = {"model": app.model, "prompt": [400] * 8, "max_tokens": 600}
             body |= {"ignore_eos": True, "temperature": 0.0}
             pending = _post_soon(http, f"{app.base_url}/v1/completions", body)
-            wait_for(lambda: busiest_replica(app, 2)["num_requests_running"] == 1, "the request")
+            busy = lambda: busiest_replica(app, 2)["num_requests_running"] == 1  # noqa: E731
+            wait_for(busy, "the request", 120)
             for pid in engines:  # both engines die: the request fails twice
                 kill_pid(pid)
                 time.sleep(0.5)
@@ -222,7 +224,7 @@ def test_tp_rank_killed(
     app = deploy("migration-tp", "/migration-tp", config, serve_ports, None)
     try:
         load = start_load(app, serve_ports.grpc, requests)
-        wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way")
+        wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
         ranks = _rank_pids()
         assert len(ranks) == 4, ranks  # 2 replicas x 2 ranks
         kill_pid(ranks[-1])
@@ -236,14 +238,4 @@ def test_tp_rank_killed(
 
 def _rank_pids() -> list[int]:
     """Processes of TP rank actors (Ray titles them `ray::RankWorker...`)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd.startswith(b"ray::RankWorker"):
-            pids.append(int(proc.name))
-    return sorted(pids)
+    return sorted(pids_matching(lambda cmd: cmd.startswith(b"ray::RankWorker")))

@@ -29,6 +29,7 @@ from tests.cluster.serve_helpers import (
     deploy,
     deploy_with_engine_env,
     replica_stats,
+    wait_for,
     wait_until_idle,
 )
 
@@ -165,7 +166,7 @@ def test_n_at_the_bound_does_not_stall_a_small_request(tiny_app: App, http: http
             )  # fmt: skip
             for i in range(2)
         ]
-        _wait_for(lambda: _one_replica_stats(tiny_app)["num_requests_waiting"] > 0, "a queue")
+        wait_for(lambda: _one_replica_stats(tiny_app)["num_requests_waiting"] > 0, "a queue")
         small = _complete(http, tiny_app, prompt=_prompt(rng, 8), max_tokens=3, ignore_eos=True)
         assert small.status_code == 200, small.text
         assert small.json()["usage"]["completion_tokens"] == 3
@@ -206,13 +207,6 @@ def test_a_client_that_leaves_gets_its_sequences_aborted(
     assert after["kv_blocks_used"] == 0, after
     generated = after["generation_tokens"] - before["generation_tokens"]
     assert generated < max_n * max_tokens, "the sequences ran to the end: nothing was aborted"
-
-
-def _wait_for(cond: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.05)
 
 
 # -- c. a hung engine step -------------------------------------------------------------------

@@ -51,11 +51,10 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_migration_resume_seconds": "histogram",
 }
 # Recorded by the ingresses (no model/replica labels); the rest by engine replicas.
+MIGRATION_METRICS = ("kvray_request_migrations_total", "kvray_migration_resume_seconds")
 INGRESS_METRICS = {
-    n
-    for n in KVRAY_METRICS
-    if n.startswith("kvray_router_") or n in ("kvray_request_migrations_total",)
-} | {"kvray_migration_resume_seconds"}
+    n for n in KVRAY_METRICS if n.startswith("kvray_router_") or n in MIGRATION_METRICS
+}
 ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if n not in INGRESS_METRICS}
 # Histograms that exist only once their event happened (Ray exports no empty histogram):
 # a live scrape without a replica failure lacks them.

@@ -84,6 +84,7 @@ class LocalCluster:
         from ray import serve
 
         from cluster.app import build_app
+        from cluster.liveness import run_liveness_app
 
         caps = {}
         if self._max_queued is not None:
@@ -105,6 +106,7 @@ class LocalCluster:
         )
         print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+        run_liveness_app(APP_NAME, "/")
         return replace(
             base,
             model=config.model_name(),
@@ -115,7 +117,10 @@ class LocalCluster:
     def undeploy(self) -> None:
         from ray import serve
 
+        from cluster.liveness import liveness_app_name
+
         serve.delete(APP_NAME)
+        serve.delete(liveness_app_name(APP_NAME))
 
     def __exit__(self, *exc: object) -> None:
         import ray

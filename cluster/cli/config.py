@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def serve_config(config: ServeConfig, host: str, port: int, grpc_port: int) -> dict[str, Any]:
     """The Serve config document (the schema `serve deploy` validates)."""
     from cluster.grpc_api.ingress import grpc_options
+    from cluster.liveness import liveness_app_spec
 
     return {
         "proxy_location": "EveryNode",
@@ -39,7 +40,9 @@ def serve_config(config: ServeConfig, host: str, port: int, grpc_port: int) -> d
                 "route_prefix": "/",
                 "import_path": IMPORT_PATH,
                 "args": config.to_args(),
-            }
+            },
+            # GET /health from a replica of its own (cluster/liveness.py).
+            liveness_app_spec(APP_NAME, "/"),
         ],
     }
 

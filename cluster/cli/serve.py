@@ -128,6 +128,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
     from ray import serve
 
     from cluster.app import build_app
+    from cluster.liveness import run_liveness_app
 
     runtime_env = {}
     if api_key:
@@ -187,6 +188,8 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
     )
     t0 = time.monotonic()
     serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+    # GET /health from its own replica, so the liveness probe answers under any load.
+    run_liveness_app(APP_NAME, "/")
     logger.info("application ready in %.1f s", time.monotonic() - t0)
 
 
@@ -239,6 +242,8 @@ def _shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
 
+    from cluster.liveness import liveness_app_name
+
     if not ray.is_initialized():
         return
     node_id = ray.get_runtime_context().get_node_id()
@@ -248,6 +253,7 @@ def _shutdown(address: str | None, drain_timeout_s: float) -> None:
                 _drain(drain_timeout_s)  # Serve finishes deleting it if this times out
             else:
                 serve.delete(APP_NAME)
+            serve.delete(liveness_app_name(APP_NAME))
         elif drain_timeout_s <= 0 or _drain(drain_timeout_s):
             serve.shutdown()  # no replicas left (once drained): stops the rest at once
     except Exception as err:  # shutting down anyway

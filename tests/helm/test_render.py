@@ -79,9 +79,13 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
     assert set(raw) <= set(ServeDeploySchema.model_fields)
     assert set(raw["http_options"]) <= set(type(parsed.http_options).model_fields)
     assert set(raw["grpc_options"]) <= set(type(parsed.grpc_options).model_fields)
-    (app,) = parsed.applications
+    app, liveness = parsed.applications
     assert app.import_path == "cluster.app:build_app"
     assert app.route_prefix == "/"
+    # The pods' liveness probe path, served off the ingress (cluster/liveness.py).
+    assert liveness.import_path == "cluster.liveness:build_liveness_app"
+    assert liveness.route_prefix == values["probes"]["liveness"]["path"] == "/health"
+    assert liveness.name == f"{app.name}-liveness"
     assert parsed.http_options.port == values["serve"]["httpPort"]
     assert parsed.grpc_options.port == values["serve"]["grpcPort"]
     # kvray's gRPC ingress binds the port itself; Serve's gRPC proxy must stay off it.
@@ -118,7 +122,7 @@ def test_one_engine_replica_fills_one_worker_pod(case):
 
     values, objects = case
     rayservice = only(objects, "RayService")
-    (app,) = serve_config(rayservice)["applications"]
+    app = serve_config(rayservice)["applications"][0]
     options = llm_server_options(ServeConfig.from_args(app["args"]))
     bundles = options["placement_group_bundles"]
     assert options["placement_group_strategy"] == "STRICT_PACK"
@@ -333,14 +337,14 @@ def test_serve_config_has_the_shape_kvray_config_writes(render, values):
     from cluster.config import ServeConfig
 
     chart = serve_config(only(render(values), "RayService"))
-    (chart_app,) = chart["applications"]
+    chart_app = chart["applications"][0]
     http, grpc = chart["http_options"], chart["grpc_options"]
     reference = kvray_config(
         ServeConfig.from_args(chart_app["args"]), http["host"], http["port"], grpc["port"]
     )
     # args are per install (checked against ServeConfig above): each one the chart writes,
     # tls_cert_file / tls_key_file included, is what `kvray config` writes for that config.
-    (reference_app,) = reference["applications"]
+    reference_app = reference["applications"][0]
     assert chart_app.pop("args").items() <= reference_app.pop("args").items()
     # Everything else must match.
     assert chart == reference
@@ -351,7 +355,7 @@ def test_migration_settings_reach_the_app_and_fit_the_pod_grace_period(render):
     Kubernetes must not kill its pod before that (worker.terminationGracePeriodSeconds)."""
     import helm_python
 
-    (app,) = serve_config(only(render(None), "RayService"))["applications"]
+    app = serve_config(only(render(None), "RayService"))["applications"][0]
     assert app["args"]["max_migrations"] == 3
     assert app["args"]["graceful_shutdown_timeout_s"] == 30
     values = {"serve": {"gracefulShutdownTimeoutSeconds": 120}}

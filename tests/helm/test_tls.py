@@ -87,7 +87,7 @@ def test_tls_off_renders_none_of_it(render, name):
             assert "scheme" not in container.get(probe, {}).get("httpGet", {}), (name_, probe)
     config = serve_config(rayservice)
     assert set(config["http_options"]) == {"host", "port"}
-    (app,) = config["applications"]
+    app = config["applications"][0]
     assert not {"tls_cert_file", "tls_key_file"} & set(app["args"])
     (pod,) = of_kind(objects, "Pod")
     (container,) = pod["spec"]["containers"]
@@ -148,7 +148,7 @@ def test_serve_config_terminates_https_and_grpc_tls_with_the_secrets_files(tls_c
     parsed = ServeDeploySchema.model_validate(raw)
     assert set(raw["http_options"]) <= set(type(parsed.http_options).model_fields)
     assert (parsed.http_options.ssl_certfile, parsed.http_options.ssl_keyfile) == (CERT, KEY)
-    (app,) = parsed.applications
+    app = parsed.applications[0]
     config = ServeConfig.from_args(app.args)  # validates the pair
     assert config.tls
     assert (config.tls_cert_file, config.tls_key_file) == (CERT, KEY)

@@ -1,5 +1,5 @@
 {{/*
-The Ray Serve config (serveConfigV2): one application built by cluster.app:build_app from
+The Ray Serve config (serveConfigV2): the application built by cluster.app:build_app from
 `args`, the same document `kvray config` writes. Integers go through int64 so large values
 (KV cache bytes) are not printed in float notation; unset optional values are left out so
 the application's own defaults apply.
@@ -65,6 +65,13 @@ itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
   "import_path" "cluster.app:build_app"
   "args" (include "kvray.serveArgs" . | fromYaml)
 }}
+{{- /* GET /health from a replica of its own, off the ingress's event loop (cluster/liveness.py):
+the pods' liveness probes must answer under any load. */}}
+{{- $liveness := dict
+  "name" (printf "%s-liveness" $s.appName)
+  "route_prefix" "/health"
+  "import_path" "cluster.liveness:build_liveness_app"
+}}
 {{- $http := dict "host" "0.0.0.0" "port" (int64 $s.httpPort) }}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $http "ssl_certfile" (include "kvray.tlsCertFile" .) }}
@@ -74,7 +81,7 @@ itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
   "proxy_location" "EveryNode"
   "http_options" $http
   "grpc_options" (dict "port" (int64 $s.grpcPort) "grpc_servicer_functions" list)
-  "applications" (list $app)
+  "applications" (list $app $liveness)
 }}
 {{- toYaml $cfg }}
 {{- end }}

@@ -9,6 +9,7 @@ fields. Pure: validates, builds deployment options and binds; starts nothing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +95,10 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         )
     else:  # Serve's default power-of-two-choices; stats still feed dashboards and benches
         router = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)
+    actor: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica, "num_gpus": replica_gpus}
+    threads_env = cpu_threads_env(config, gpu, os.environ)
+    if threads_env:
+        actor["runtime_env"] = {"env_vars": threads_env}
     opts: dict[str, Any] = {
         "name": LLM_SERVER_NAME,
         "max_ongoing_requests": config.max_ongoing_requests,
@@ -101,7 +106,7 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         # A burst that the replicas can take (max_ongoing_requests each) passes; admission
         # control proper is the replica's own waiting-queue cap (max_queued_requests).
         "max_queued_requests": config.max_ongoing_requests + config.max_queued_requests,
-        "ray_actor_options": {"num_cpus": config.num_cpus_per_replica, "num_gpus": replica_gpus},
+        "ray_actor_options": actor,
         "placement_group_bundles": [first]
         + [dict(bundle) for _ in range(1, config.tensor_parallel_size)],
         "placement_group_strategy": "STRICT_PACK",
@@ -118,6 +123,22 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     else:
         opts["num_replicas"] = config.num_replicas
     return opts
+
+
+def cpu_threads_env(config: ServeConfig, gpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment of a CPU replica computing on several torch threads: OpenMP's threads
+    sleep when they run out of work instead of spinning (OMP_WAIT_POLICY=PASSIVE).
+
+    A replica shares its cores with the ingress, the proxies, Ray's own processes and its
+    engine child; a spinning OpenMP thread then holds a core that the peer it waits for
+    needs, and a step stalls until the OS deschedules it (README, "Compiled forward pass":
+    up to 10x slower on a busy host). Ray starts the replica's process with this env, its
+    engine child and TP rank actors inherit it, and OpenMP reads it when torch loads. One
+    thread has nobody to wait for, a GPU replica's threads do little; an operator's own
+    OMP_WAIT_POLICY (in the environment that builds the app) is kept."""
+    if gpu or config.torch_threads() < 2 or "OMP_WAIT_POLICY" in environ:
+        return {}
+    return {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def ingress_options(config: ServeConfig, draining: bool = False) -> dict[str, Any]:

@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma list of {', '.join(ROUTERS)}: one launched app each",
     )
     g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    g.add_argument(
+        "--num-cpus-per-replica",
+        type=float,
+        default=_DEFAULTS.num_cpus_per_replica,
+        help="CPUs (torch threads) of each engine replica",
+    )
     g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.stream_interval_ms)
     g.add_argument("--kv-cache-memory", type=parse_size, default=None)
     g.add_argument(
@@ -62,7 +68,7 @@ class LocalCluster:
         self.http_port, self.grpc_port = _free_port(), _free_port()
         ray.init(
             address="local",  # a new instance, never one another `ray start` left running
-            num_cpus=max(4, self._args.num_replicas + 2),
+            num_cpus=max(4, round(self._args.num_replicas * self._args.num_cpus_per_replica) + 2),
             include_dashboard=False,
             logging_level="WARNING",
             # Every request logs a line in each replica; relayed here they would bury the
@@ -98,6 +104,7 @@ class LocalCluster:
             num_replicas=self._args.num_replicas,
             request_router=router,
             max_num_seqs=self._args.max_num_seqs,
+            num_cpus_per_replica=self._args.num_cpus_per_replica,
             stream_interval_ms=self._args.stream_interval_ms,
             engine_process=not self._args.no_engine_process,
             kv_cache_memory_bytes=self._args.kv_cache_memory,

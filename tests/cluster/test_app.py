@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from ray import serve
 
@@ -34,7 +36,8 @@ def test_llm_server_reserves_its_tp_group_through_a_placement_group() -> None:
 
 def test_replica_reserves_num_cpus_per_replica() -> None:
     cpu = llm_server_options(ServeConfig(num_cpus_per_replica=4, device="cpu"))
-    assert cpu["ray_actor_options"] == {"num_cpus": 4, "num_gpus": 0}
+    actor = cpu["ray_actor_options"]
+    assert (actor["num_cpus"], actor["num_gpus"]) == (4, 0)
     assert cpu["placement_group_bundles"] == [{"CPU": 4}]  # the replica sits in bundle 0
     # TP > 1: the other ranks' actors still take one CPU each.
     tp = llm_server_options(
@@ -72,3 +75,20 @@ def test_build_app_is_a_serve_application_builder() -> None:
     import inspect
 
     assert len(inspect.signature(build_app).parameters) == 1
+
+
+def test_cpu_replicas_on_several_threads_do_not_spin() -> None:
+    """OMP_WAIT_POLICY=PASSIVE reaches a CPU replica's process (its engine child and TP ranks
+    inherit it) only where OpenMP has threads to spin: 2+ torch threads, no GPU, not set."""
+    from cluster.app import cpu_threads_env
+    from cluster.config import ServeConfig
+
+    two = ServeConfig(device="cpu", num_cpus_per_replica=2)
+    assert cpu_threads_env(two, False, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu_threads_env(two, True, {}) == {}
+    assert cpu_threads_env(two, False, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert cpu_threads_env(ServeConfig(device="cpu"), False, {}) == {}
+    actor = llm_server_options(two)["ray_actor_options"]
+    if "OMP_WAIT_POLICY" not in os.environ:
+        assert actor["runtime_env"] == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    assert "runtime_env" not in llm_server_options(ServeConfig(device="cpu"))["ray_actor_options"]

@@ -41,6 +41,12 @@ class KvrayError(Exception):
             }
         }
 
+    def http_headers(self) -> dict[str, str]:
+        """The response headers this error adds: Retry-After when it says when to retry
+        (429 queue full, 503 queue timeout), so every HTTP layer sends the same."""
+        retry_after = getattr(self, "retry_after_s", None)
+        return {} if retry_after is None else {"Retry-After": str(retry_after)}
+
 
 def _rebuild(cls: type[KvrayError], state: dict[str, Any]) -> KvrayError:
     err = cls.__new__(cls)

@@ -195,8 +195,7 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 async def send_error(send: Any, err: KvrayError) -> None:
     """`err` as a complete JSON response in OpenAI's error format (+ Retry-After)."""
-    retry_after = getattr(err, "retry_after_s", None)
-    extra = [] if retry_after is None else [(b"retry-after", str(retry_after).encode())]
+    extra = [(k.lower().encode(), v.encode()) for k, v in err.http_headers().items()]
     await send_json(send, err.http_status, json.dumps(err.to_openai()).encode(), extra)
 
 

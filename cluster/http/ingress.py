@@ -336,17 +336,13 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
 
 def error_response(err: KvrayError, metrics: Any) -> JSONResponse:
-    headers = {}
-    retry_after = getattr(err, "retry_after_s", None)
-    if retry_after is not None:  # overloaded (429 queue full, 503 queue timeout)
-        headers["Retry-After"] = str(retry_after)
     if isinstance(err, QueueFullError):
         metrics.rejected("queue_full")
     elif isinstance(err, QueueTimeoutError):
         metrics.rejected("queue_timeout")
     elif err.http_status == 401:
         metrics.rejected("unauthenticated")
-    return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)
+    return JSONResponse(err.to_openai(), status_code=err.http_status, headers=err.http_headers())
 
 
 def http_error_body(status: int, message: str) -> dict[str, Any]:

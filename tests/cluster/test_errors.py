@@ -64,6 +64,15 @@ def test_status_codes_and_openai_body() -> None:
     assert ModelNotFoundError("x").param == "model"
 
 
+def test_only_overload_errors_carry_retry_after_headers() -> None:
+    headers = {type(e).__name__: e.http_headers() for e in ALL}
+    assert headers.pop("QueueFullError") == {"Retry-After": "3"}
+    assert headers.pop("QueueTimeoutError") == {"Retry-After": "15"}
+    assert set(map(len, headers.values())) == {0}
+    # The field survives Ray's pickling, so the header does too.
+    assert pickle.loads(pickle.dumps(ALL[1])).http_headers() == {"Retry-After": "3"}
+
+
 def test_unwrap_strips_ray_task_error() -> None:
     cause = QueueFullError("busy")
     wrapped = RayTaskError("generate", "Traceback ...", cause).as_instanceof_cause()

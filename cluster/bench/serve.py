@@ -79,16 +79,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workload",
         choices=("random", "shared-prefix", "tenants-zipf", "json-schema"),
         default="random",
-        help="json-schema: each round, the same prompts with and without response_format "
-        "json_schema; reports constrained/unconstrained (serve_structured.py)",
+        help="shared-prefix: --num-tenants system prompts, each equally likely; tenants-zipf: "
+        "the same with Zipf popularity (--zipf-s); json-schema: each round, the same prompts "
+        "with and without response_format json_schema; reports constrained/unconstrained",
     )
     a("--num-prompts", type=int, default=200)
     a("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default inf)")
     a("--max-concurrency", type=int, default=None, help="requests in flight at most")
     a("--input-len", type=int, default=128, help="prompt tokens per request")
     a("--output-len", type=int, default=64, help="output tokens per request")
-    a("--num-tenants", type=int, default=4, help="shared-prefix: distinct shared prefixes")
-    a("--prefix-len", type=int, default=96, help="shared-prefix: tokens of each tenant's prefix")
+    a("--num-tenants", type=int, default=4, help="tenant workloads: distinct system prompts")
+    a("--prefix-len", type=int, default=96, help="tenant workloads: tokens of each system prompt")
     a("--zipf-s", type=float, default=1.0, help="tenants-zipf: P(tenant k) ~ 1/k^s (tenants.py)")
     a("--seed", type=int, default=0)
     a("--warmup-requests", type=int, default=4)

@@ -35,6 +35,9 @@ def zipf_tenant_workload(
     zipf_s: float,
     seed: int,
 ) -> Workload:
+    """Tenants with their own system prompt (prefix_len tokens), drawn with Zipf popularity
+    (zipf_s = 0: uniform); each request = its tenant's prefix + a random suffix, input_len
+    tokens in all."""
     if num_tenants < 1 or not 0 < prefix_len < input_len or output_len < 1 or zipf_s < 0:
         raise ValueError(
             "need --num-tenants >= 1, 0 < --prefix-len < --input-len, --output-len >= 1, "

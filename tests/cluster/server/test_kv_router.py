@@ -68,19 +68,23 @@ def _keys_by_replica(app: App) -> dict[str, str]:
 
 
 def _wait_for_reports(app: App, placed: dict[str, list[int]]) -> None:
-    """Until this process's router has the engines' reports of each replica's prefix (a hang
-    guard: a router resyncs from a snapshot within SNAPSHOT_EVERY routing-stats periods)."""
+    """Until this process's router has the engines' reports of each replica's prefix and sees
+    every replica idle (a hang guard: a router resyncs from a snapshot within SNAPSHOT_EVERY
+    routing-stats periods). Idle matters: the report that carries a prefix can be taken while
+    its request still ran, and a replica whose queue length Serve no longer caches (10 s)
+    is judged by that report; one request in flight outweighs a 96-token hit."""
     router = _router(app)
     deadline = time.monotonic() + 60 + SNAPSHOT_EVERY * ROUTING_STATS_PERIOD_S
     while True:
         router.refresh([])  # what routing a request does first
         reported = {rid: set(rep.blocks) for rid, rep in router.index.replicas.items()}
+        load = {r.replica_id.unique_id: router._in_flight(r) for r in router.curr_replicas.values()}
         if all(
             set(prompt_block_hashes(ids, DEFAULT_BLOCK_SIZE, 256)) <= reported.get(rid, set())
             for rid, ids in placed.items()
-        ):
+        ) and set(load.values()) == {0}:
             return
-        assert time.monotonic() < deadline, f"no reports of the placed prefixes: {placed}"
+        assert time.monotonic() < deadline, f"no reports of {placed} or not idle: {load}"
         time.sleep(ROUTING_STATS_PERIOD_S / 2)
 
 

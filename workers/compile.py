@@ -19,6 +19,10 @@ next capture size (workers/compile_sizes.py, like vLLM's capture sizes) and repl
 captured per size, piece and layer at start-up; larger or mixed batches run the compiled
 pieces directly. Graphs are only captured on CUDA; the CPU path never builds them.
 
+Small steps run eagerly (`CompilationConfig.min_tokens`, 128 tokens on CPU): each call of a
+compiled piece pays a fixed cost (guards, wrapper), twice per layer, that only a large step
+earns back (measured: workers/compile_sizes.py).
+
 Not covered: TP > 1 (the row-parallel all-reduce sits inside the post-attention piece) runs
 eagerly. The CUDA-graph path has not run on a GPU yet (tests/gpu/check.sh exercises it).
 """
@@ -72,6 +76,9 @@ class CompiledForward:
             out = self.graphs.run(model, input_ids, positions, kv_caches, meta)
             if out is not None:
                 return out
+        if input_ids.shape[0] < self.config.min_tokens:
+            # A small step: the compiled pieces' per-call cost exceeds their gain.
+            return model.hidden_states(input_ids, positions, kv_caches, meta)
         x = model.embed_tokens(input_ids)
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             q, k, v = self.pre(layer, positions, x)

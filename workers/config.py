@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from workers.compile_sizes import capture_sizes
+from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS, capture_sizes
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -228,18 +228,33 @@ class CompilationConfig:
     enabled: bool = False  # torch.compile the pieces around attention
     cuda_graphs: bool = False  # and replay decode-only batches from CUDA graphs (CUDA only)
     capture_sizes: tuple[int, ...] = ()  # decode batch sizes graphs are captured for
+    # Steps of fewer tokens run the eager forward: the compiled pieces' per-call cost is
+    # more than they save on small steps (workers/compile_sizes.py). 0: every step compiled.
+    min_tokens: int = 0
 
     @staticmethod
-    def resolve(compile: bool | None, device_type: str, max_num_seqs: int) -> CompilationConfig:
+    def resolve(
+        compile: bool | None,
+        device_type: str,
+        max_num_seqs: int,
+        min_tokens: int | None = None,
+    ) -> CompilationConfig:
         """`compile` None: on only where it was measured to win. Off on CPU (README,
-        "Compiled forward pass"); off on CUDA until tests/gpu/check.sh has measured it."""
+        "Compiled forward pass"); off on CUDA until tests/gpu/check.sh has measured it.
+        `min_tokens` None: CPU_COMPILED_MIN_TOKENS on CPU; 0 on CUDA (not yet measured
+        there; decode batches replay CUDA graphs)."""
         if compile is not None and not isinstance(compile, bool):
             raise ValueError(f"compile must be true, false or null, got {compile!r}")
+        if min_tokens is not None and (isinstance(min_tokens, bool) or min_tokens < 0):
+            raise ValueError(f"compile_min_tokens must be an int >= 0, got {min_tokens!r}")
         enabled = bool(compile)
         if not enabled:
             return CompilationConfig()
         cuda = device_type == "cuda"
-        return CompilationConfig(True, cuda, capture_sizes(max_num_seqs) if cuda else ())
+        if min_tokens is None:
+            min_tokens = 0 if cuda else CPU_COMPILED_MIN_TOKENS
+        sizes = capture_sizes(max_num_seqs) if cuda else ()
+        return CompilationConfig(True, cuda, sizes, min_tokens)
 
 
 @dataclass(frozen=True)
@@ -263,6 +278,8 @@ class EngineArgs:
     grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S
     kv_events: bool = False  # record prefix-cache KV events (workers/kv_events.py)
     compile: bool | None = None  # compiled forward pass; None: where it was measured to win
+    # Steps of fewer tokens run eagerly when compiled; None: the device's measured default.
+    compile_min_tokens: int | None = None
 
     def create_config(self) -> EngineConfig:
         from workers.platform import Platform
@@ -319,7 +336,7 @@ class EngineArgs:
             seed=self.seed,
             served_model_name=self.served_model_name or Path(model_path).name,
             compilation=CompilationConfig.resolve(
-                self.compile, platform.device_type, self.max_num_seqs
+                self.compile, platform.device_type, self.max_num_seqs, self.compile_min_tokens
             ),
         )
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from workers.compile_sizes import MAX_CAPTURE_SIZE, capture_sizes, padded_size
+from workers.compile_sizes import (
+    CPU_COMPILED_MIN_TOKENS,
+    MAX_CAPTURE_SIZE,
+    capture_sizes,
+    padded_size,
+)
 from workers.config import CompilationConfig, EngineArgs
 
 
@@ -36,6 +41,12 @@ def test_compile_switch_defaults_per_device() -> None:
     assert CompilationConfig.resolve(None, "cpu", 256) == CompilationConfig()
     cpu = CompilationConfig.resolve(True, "cpu", 256)
     assert cpu.enabled and not cpu.cuda_graphs and cpu.capture_sizes == ()
+    # Small CPU steps run eagerly (the compiled pieces' per-call cost); 0 compiles them all.
+    assert cpu.min_tokens == CPU_COMPILED_MIN_TOKENS > 1
+    assert CompilationConfig.resolve(True, "cpu", 256, 0).min_tokens == 0
+    assert CompilationConfig.resolve(True, "cuda", 64).min_tokens == 0
+    with pytest.raises(ValueError, match="^compile_min_tokens must be"):
+        CompilationConfig.resolve(True, "cpu", 8, -1)
     cuda = CompilationConfig.resolve(True, "cuda", 64)
     assert cuda.enabled and cuda.cuda_graphs and cuda.capture_sizes == capture_sizes(64)
     # Not yet measured on a GPU: off until tests/gpu/check.sh says it wins.
@@ -47,5 +58,7 @@ def test_compile_switch_defaults_per_device() -> None:
 def test_engine_args_carry_the_switch(demo_dir) -> None:
     on = EngineArgs(model=str(demo_dir), compile=True, device="cpu").create_config()
     assert on.compilation.enabled and not on.compilation.cuda_graphs
+    every = EngineArgs(model=str(demo_dir), compile=True, compile_min_tokens=1, device="cpu")
+    assert every.create_config().compilation.min_tokens == 1
     off = EngineArgs(model=str(demo_dir), device="cpu").create_config()
     assert not off.compilation.enabled

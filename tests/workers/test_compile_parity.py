@@ -2,7 +2,9 @@
 transformers on every supported family, and the engine's preemption, chunked prefill,
 prefix caching and seeded sampling give the eager engine's tokens.
 
-Kept small on purpose (compiling is the slow part): tiny models, two graphs each."""
+Kept small on purpose (compiling is the slow part): tiny models, two graphs each. The
+parity tests compile every step (compile_min_tokens=1); by default small CPU steps run
+eagerly, which the last test checks."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from tests.checkpoints import KINDS, hf_greedy, load_hf
 from tests.workers.parity import assert_greedy_match
 from workers import LLM, SamplingParams
+from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS
 
 # Around block (16) boundaries; the longest prompts are chunked (max_num_batched_tokens 64).
 LENGTHS = [1, 2, 15, 16, 17, 33, 64, 100, 129, 200]
@@ -26,7 +29,13 @@ def _compiled(llm: LLM) -> bool:
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_greedy_matches_transformers(kind: str, checkpoints) -> None:
     path = checkpoints[kind]
-    llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, compile=True, max_num_batched_tokens=64)
+    llm = LLM(
+        str(path),
+        kv_cache_memory_bytes=16 << 20,
+        compile=True,
+        compile_min_tokens=1,
+        max_num_batched_tokens=64,
+    )
     assert _compiled(llm)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, llm.engine.vocab_size) for _ in range(n)] for n in LENGTHS]
@@ -56,7 +65,11 @@ def test_compiled_engine_under_preemption_prefix_caching_and_seeds(demo_dir) -> 
     # 64 KiB per demo block: 24 blocks (384 tokens) for 8 sequences of ~110 -> preemption;
     # 64-token steps chunk every prompt's prefill.
     tight = LLM(
-        str(demo_dir), kv_cache_memory_bytes=24 * 65536, max_num_batched_tokens=64, compile=True
+        str(demo_dir),
+        kv_cache_memory_bytes=24 * 65536,
+        max_num_batched_tokens=64,
+        compile=True,
+        compile_min_tokens=1,
     )
     assert _compiled(tight)
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
@@ -64,3 +77,30 @@ def test_compiled_engine_under_preemption_prefix_caching_and_seeds(demo_dir) -> 
     stats = tight.stats()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert stats.kv_blocks_used == 0
+
+
+def test_by_default_only_large_cpu_steps_run_compiled(demo_dir) -> None:
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 3000) for _ in range(n)] for n in (300, 40)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    eager = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=256)
+    expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(
+        str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=256, compile=True
+    )
+    assert _compiled(llm)
+    compiled = llm.engine.executor.worker.model.compiled
+    assert compiled.config.min_tokens == CPU_COMPILED_MIN_TOKENS
+    steps: list[int] = []
+    pre = compiled.pre
+
+    def counting_pre(layer, positions, x):  # noqa: ANN001, ANN202
+        steps.append(x.shape[0])
+        return pre(layer, positions, x)
+
+    compiled.pre = counting_pre
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    # Steps: 256 prefill tokens (compiled), then 44 + 40 + 1 decode (84: eager), then decodes
+    # of 2 tokens (eager). Only the first step's layers ran the compiled pieces.
+    assert steps == [256] * len(llm.engine.executor.worker.model.layers)

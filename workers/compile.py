@@ -19,9 +19,9 @@ next capture size (workers/compile_sizes.py, like vLLM's capture sizes) and repl
 captured per size, piece and layer at start-up; larger or mixed batches run the compiled
 pieces directly. Graphs are only captured on CUDA; the CPU path never builds them.
 
-Small steps run eagerly (`CompilationConfig.min_tokens`, 128 tokens on CPU): each call of a
-compiled piece pays a fixed cost (guards, wrapper), twice per layer, that only a large step
-earns back (measured: workers/compile_sizes.py).
+Small steps run eagerly (`CompilationConfig.min_tokens`, 128 tokens on CPU): with OpenMP
+threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE), the compiled pieces' per-call
+costs exceed what they save on small steps (measured: workers/compile_sizes.py).
 
 Not covered: TP > 1 (the row-parallel all-reduce sits inside the post-attention piece) runs
 eagerly. The CUDA-graph path has not run on a GPU yet (tests/gpu/check.sh exercises it).

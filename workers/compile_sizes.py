@@ -27,12 +27,14 @@ def capture_sizes(max_num_seqs: int, limit: int = MAX_CAPTURE_SIZE) -> tuple[int
     return tuple(sizes)
 
 
-# CPU: steps of fewer tokens than this run the eager forward even with --compile. Each call
-# of a compiled piece pays a fixed cost (dynamo's guards, the graph's wrapper: ~0.1-0.3 ms),
-# twice per layer, which only large steps earn back. Measured per forward of the pieces
-# (README "Compiled forward pass"), eager / compiled: demo model 0.62x at 1 token, 0.89x at
-# 96, 1.03x at 128, 1.4-1.5x from 192 up; 100M checkpoint 0.76x at 1, 0.88x at 32, 1.2x from
-# 64 up. 128 loses nothing on either.
+# CPU: steps of fewer tokens than this run the eager forward even with --compile. Measured
+# per forward of the pieces (README "Compiled forward pass"), eager / compiled, 2 threads:
+# with OMP_WAIT_POLICY=PASSIVE (what a host shared with other work wants) every parallel op
+# of the compiled pieces pays a thread wake-up that small steps do not earn back -- demo
+# model 0.62x at 1 token, 0.89x at 96, 1.03x at 128, 1.4-1.5x from 192 up; 100M checkpoint
+# 0.76x at 1, 0.88x at 32, 1.2x from 64 up. With libgomp's default spin the compiled pieces
+# win at every size (demo 1.24-1.70x, 100M 1.04-1.12x), yet end to end 0 and 128 measured
+# the same. 128 loses nothing either way.
 CPU_COMPILED_MIN_TOKENS = 128
 
 

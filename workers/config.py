@@ -228,8 +228,8 @@ class CompilationConfig:
     enabled: bool = False  # torch.compile the pieces around attention
     cuda_graphs: bool = False  # and replay decode-only batches from CUDA graphs (CUDA only)
     capture_sizes: tuple[int, ...] = ()  # decode batch sizes graphs are captured for
-    # Steps of fewer tokens run the eager forward: the compiled pieces' per-call cost is
-    # more than they save on small steps (workers/compile_sizes.py). 0: every step compiled.
+    # Steps of fewer tokens run the eager forward: with sleeping OpenMP threads the compiled
+    # pieces cost more than they save on small steps (workers/compile_sizes.py). 0: all.
     min_tokens: int = 0
 
     @staticmethod

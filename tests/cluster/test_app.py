@@ -77,18 +77,20 @@ def test_build_app_is_a_serve_application_builder() -> None:
     assert len(inspect.signature(build_app).parameters) == 1
 
 
-def test_cpu_replicas_on_several_threads_do_not_spin() -> None:
-    """OMP_WAIT_POLICY=PASSIVE reaches a CPU replica's process (its engine child and TP ranks
-    inherit it) only where OpenMP has threads to spin: 2+ torch threads, no GPU, not set."""
+def test_the_operators_openmp_wait_settings_reach_cpu_replicas() -> None:
+    """OpenMP's wait settings where the app is built reach a CPU replica's process (its engine
+    child and TP ranks inherit them) when it computes on 2+ torch threads; none by default
+    (libgomp's own spin: README, "Threads and OpenMP waiting")."""
     from cluster.app import cpu_threads_env
     from cluster.config import ServeConfig
 
     two = ServeConfig(device="cpu", num_cpus_per_replica=2)
-    assert cpu_threads_env(two, False, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert cpu_threads_env(two, True, {}) == {}
-    assert cpu_threads_env(two, False, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
-    assert cpu_threads_env(ServeConfig(device="cpu"), False, {}) == {}
+    passive = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+    assert cpu_threads_env(two, False, {}) == {}
+    assert cpu_threads_env(two, False, {**passive, "PATH": "/bin"}) == passive
+    assert cpu_threads_env(two, True, passive) == {}
+    assert cpu_threads_env(ServeConfig(device="cpu"), False, passive) == {}
     actor = llm_server_options(two)["ray_actor_options"]
-    if "OMP_WAIT_POLICY" not in os.environ:
-        assert actor["runtime_env"] == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    settings = cpu_threads_env(two, False, os.environ)
+    assert actor.get("runtime_env") == ({"env_vars": settings} if settings else None)
     assert "runtime_env" not in llm_server_options(ServeConfig(device="cpu"))["ray_actor_options"]

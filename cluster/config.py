@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config_checks import AUTOSCALING_POLICIES, DEVICES, ROUTERS, validate
+from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS
 from workers.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GRAMMAR_CACHE_SIZE,
@@ -152,8 +153,8 @@ class ServeConfig:
     compile: bool | None = _opt(
         None,
         "torch.compile the model forward (CUDA: plus CUDA graphs of decode batches; CPU: "
-        "steps of 128+ tokens); default off: on CPU a few per cent more throughput for "
-        "seconds of start-up per engine",
+        f"steps of {CPU_COMPILED_MIN_TOKENS}+ tokens); default off: on CPU a few per cent more "
+        "throughput for seconds of start-up per engine",
         MODEL_GROUP,
     )
     max_queued_requests: int = _opt(

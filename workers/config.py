@@ -245,7 +245,9 @@ class CompilationConfig:
         there; decode batches replay CUDA graphs)."""
         if compile is not None and not isinstance(compile, bool):
             raise ValueError(f"compile must be true, false or null, got {compile!r}")
-        if min_tokens is not None and (isinstance(min_tokens, bool) or min_tokens < 0):
+        if min_tokens is not None and (
+            isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0
+        ):
             raise ValueError(f"compile_min_tokens must be an int >= 0, got {min_tokens!r}")
         enabled = bool(compile)
         if not enabled:

@@ -41,12 +41,14 @@ def test_compile_switch_defaults_per_device() -> None:
     assert CompilationConfig.resolve(None, "cpu", 256) == CompilationConfig()
     cpu = CompilationConfig.resolve(True, "cpu", 256)
     assert cpu.enabled and not cpu.cuda_graphs and cpu.capture_sizes == ()
-    # Small CPU steps run eagerly (the compiled pieces' per-call cost); 0 compiles them all.
+    # Small CPU steps run eagerly (they lose under PASSIVE threads); 0 compiles them all.
     assert cpu.min_tokens == CPU_COMPILED_MIN_TOKENS > 1
     assert CompilationConfig.resolve(True, "cpu", 256, 0).min_tokens == 0
     assert CompilationConfig.resolve(True, "cuda", 64).min_tokens == 0
     with pytest.raises(ValueError, match="^compile_min_tokens must be"):
         CompilationConfig.resolve(True, "cpu", 8, -1)
+    with pytest.raises(ValueError, match="^compile_min_tokens must be"):
+        CompilationConfig.resolve(True, "cpu", 8, 1.5)  # type: ignore[arg-type]
     cuda = CompilationConfig.resolve(True, "cuda", 64)
     assert cuda.enabled and cuda.cuda_graphs and cuda.capture_sizes == capture_sizes(64)
     # Not yet measured on a GPU: off until tests/gpu/check.sh says it wins.

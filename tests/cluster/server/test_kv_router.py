@@ -78,7 +78,8 @@ def _wait_for_reports(app: App, placed: dict[str, list[int]]) -> None:
     while True:
         router.refresh([])  # what routing a request does first
         reported = {rid: set(rep.blocks) for rid, rep in router.index.replicas.items()}
-        load = {r.replica_id.unique_id: router._in_flight(r) for r in router.curr_replicas.values()}
+        # The router's own cost of an empty prompt is its load term alone: 0 when idle.
+        load = {r.replica_id.unique_id: router.cost(r, 0, 0) for r in router.curr_replicas.values()}
         if all(
             set(prompt_block_hashes(ids, DEFAULT_BLOCK_SIZE, 256)) <= reported.get(rid, set())
             for rid, ids in placed.items()

@@ -16,15 +16,17 @@ each piece compiles once for every token count -- at start-up, in the warm-up be
 a CPU step pays no padding (padding to buckets would waste up to half a step's matmuls for
 nothing on CPU). CUDA graphs need fixed shapes: decode-only batches are padded up to the
 next capture size (workers/compile_sizes.py, like vLLM's capture sizes) and replay graphs
-captured per size, piece and layer at start-up; larger or mixed batches run the compiled
-pieces directly. Graphs are only captured on CUDA; the CPU path never builds them.
+captured per size, piece and layer at start-up; larger or mixed batches run without graphs
+(eagerly by default, see below). Graphs are only captured on CUDA; the CPU path never builds them.
 
 Small steps run eagerly (`CompilationConfig.min_tokens`, 128 tokens on CPU): with OpenMP
 threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE), the compiled pieces' per-call
-costs exceed what they save on small steps (measured: workers/compile_sizes.py).
+costs exceed what they save on small steps (measured: workers/compile_sizes.py). On CUDA
+only the decode graphs run compiled (`CompilationConfig.graphs_only`): measured on an H200,
+the graphs won 2.3-5x per decode step, while the pieces called directly lost to eager.
 
 Not covered: TP > 1 (the row-parallel all-reduce sits inside the post-attention piece) runs
-eagerly. The CUDA-graph path has not run on a GPU yet (tests/gpu/check.sh exercises it).
+eagerly.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ class CompiledForward:
             out = self.graphs.run(model, input_ids, positions, kv_caches, meta)
             if out is not None:
                 return out
-        if input_ids.shape[0] < self.config.min_tokens:
-            # A small step: the compiled pieces' per-call cost exceeds their gain.
+        if self.config.graphs_only or input_ids.shape[0] < self.config.min_tokens:
+            # No graph for this step on CUDA, or a small CPU step: the compiled pieces' per-call
+            # cost exceeds their gain (CompilationConfig).
             return model.hidden_states(input_ids, positions, kv_caches, meta)
         x = model.embed_tokens(input_ids)
         for layer, cache in zip(model.layers, kv_caches, strict=True):
@@ -128,6 +131,7 @@ class DecodeGraphs:
     def __init__(self, sizes: tuple[int, ...]) -> None:
         self.sizes = sizes
         self.sets: dict[int, _GraphSet] = {}
+        self.replays = 0  # decode steps served from the graphs (the GPU check reads it)
 
     def capture(self, fwd: CompiledForward, model: Any, device: torch.device, progress: bool):
         pool = torch.cuda.graph_pool_handle()
@@ -141,6 +145,7 @@ class DecodeGraphs:
         size = padded_size(n, self.sizes)
         if size is None:
             return None
+        self.replays += 1
         return self.sets[size].replay(model, input_ids, positions, kv_caches, meta, n)
 
 

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         payload["roofline"] = roof
         write_result_json(args.result_json, payload)
         print(f"\nwrote {args.result_json}")
-    return 0 if results else 1
+    failed = any(reason.startswith("FAILED") for reason in skipped.values())
+    return 0 if results and not failed else 1
 
 
 def _plan(args: argparse.Namespace) -> list[str]:
@@ -233,16 +234,22 @@ def _run_backend(name: str, r: Run, skipped: dict[str, str]) -> BenchResult | No
         if name == "hf":
             return run_hf(r)
         return run_hf_cb(r)
-    except Exception as e:  # a peer that cannot run here is reported, not fatal to the rest
-        if name != "hf-cb":
-            raise
+    except Exception as e:  # reported, not fatal to the other backends
         reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-        print(f"hf-cb (transformers continuous batching) cannot run here, skipping: {reason}")
         traceback.print_exc()
-        skipped[name] = reason
+        if name == "hf-cb":  # a peer that cannot run here
+            print(f"hf-cb (transformers continuous batching) cannot run here, skipping: {reason}")
+            skipped[name] = reason
+        else:  # a failure: the others still run, and the command exits 1
+            print(f"{name} FAILED: {reason}")
+            skipped[name] = f"FAILED: {reason}"
         return None
     finally:
         gc.collect()
+        import torch
+
+        if torch.cuda.is_available():  # hand the freed KV cache back before the next backend
+            torch.cuda.empty_cache()
 
 
 def _matmul_peak(args: argparse.Namespace, device: str) -> roofline.MatmulPeak | None:

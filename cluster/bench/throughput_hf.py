@@ -133,7 +133,8 @@ def run_hf_cb(r: Run) -> BenchResult:
     model = _load_hf(r, attn_implementation="sdpa")
     both = r.workload.requests + r.warmup.requests
     page = 64
-    cb_config = ContinuousBatchingConfig(
+    cb_config = _cb_config(
+        ContinuousBatchingConfig,
         page_size=page,
         # Room for every request at once: hf-cb should not be the one short of KV memory.
         num_blocks=sum(-(-(q.prompt_len + q.output_len) // page) for q in both) + 1,
@@ -211,3 +212,14 @@ def _hf_cb_generate(manager: Any, workload: Workload, *, progress: bool) -> list
                 done[result.request_id] = len(result.generated_tokens)
                 bar.update(1)
     return [done[i] for i in ids]
+
+
+def _cb_config(cls: Any, **kwargs: Any) -> Any:
+    """transformers' ContinuousBatchingConfig across its versions: `page_size` was `block_size`
+    up to 5.17, and options it does not know yet (auto_switch_to_flash) are left to its default."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    if "page_size" not in names and "block_size" in names:
+        kwargs["block_size"] = kwargs.pop("page_size")
+    return cls(**{k: v for k, v in kwargs.items() if k in names})

@@ -1,23 +1,68 @@
 #!/usr/bin/env bash
-# GPU check, run by hand on a CUDA machine (CI has no GPU):
-#   1. TP=1 greedy parity against transformers in float32 on CUDA (the parity tests, on cuda);
-#   2. `kvray bench throughput` in bf16 on a ~0.6B random checkpoint of Qwen3 shape, vs hf;
-#   3. the same, compiled (torch.compile + CUDA graphs of decode batches) side by side with
-#      eager (`--compile` with --compare also runs kvray-eager); parity in 1. covers both.
-# Usage: bash tests/gpu/check.sh [OUT_DIR]   (needs a venv with a CUDA build of torch)
-set -euo pipefail
+# GPU check, run by hand on a CUDA machine (CI has no GPU). Stages, each time-boxed and logged
+# to OUT_DIR/<stage>.log, so that one failing stage still leaves the others' results:
+#   env     the device, torch and transformers versions;
+#   parity  TP=1 greedy parity against transformers in float32 on CUDA, eager and compiled
+#           (torch.compile pieces + CUDA graphs of decode batches, whose replays it counts);
+#   profile tests/gpu/step_profile.py: decode ms/step at batch 1-128 and a prefill step, eager
+#           against compiled, and a torch.profiler table of each;
+#   bench   `kvray bench throughput --compare --compile` in bf16 on a ~0.6B random checkpoint
+#           of Qwen3 shape: kvray compiled, kvray eager, transformers generate and
+#           generate_batch on one workload, with the bf16 matmul peak.
+# Ray is not needed: the offline engine runs TP=1 in-process.
+# Usage: bash tests/gpu/check.sh [OUT_DIR]   (PY: a Python with a CUDA build of torch;
+#        default .venv/bin/python, else python3; KVRAY_GPU_STAGES: a subset of the stages,
+#        e.g. "env profile"). A summary is printed last.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-${OUT:-/tmp/kvray-gpu}}
 mkdir -p "$OUT"
-PY=${PY:-.venv/bin/python}
-$PY - <<'PYEOF'
-import torch
-assert torch.cuda.is_available(), "no CUDA device visible"
-print("cuda:", torch.cuda.get_device_name(0), "torch", torch.__version__)
-PYEOF
-KVRAY_TEST_DEVICE=cuda $PY -m pytest -q -x tests/gpu/test_cuda_parity.py 2>&1 | tee "$OUT/parity.log"
-$PY -m cluster.cli.main bench throughput --model random:qwen3-0.6b --dtype bfloat16 --compare \
-    --num-prompts 256 --result-json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-$PY -m cluster.cli.main bench throughput --model random:qwen3-0.6b --dtype bfloat16 --compare \
-    --compile --num-prompts 256 --result-json "$OUT/bench_compiled.json" 2>&1 \
-    | tee "$OUT/bench_compiled.log"
+if [[ -z "${PY:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PROMPTS=${KVRAY_GPU_PROMPTS:-64}
+MODEL=${KVRAY_GPU_MODEL:-random:qwen3-0.6b}
+STAGES=" ${KVRAY_GPU_STAGES:-env parity profile bench} "
+SUMMARY=()
+
+stage() {  # stage NAME LIMIT_S CMD...: runs CMD under a time limit, its output in NAME.log
+    local name=$1 limit=$2 t0 rc
+    shift 2
+    [[ $STAGES == *" $name "* ]] || return 0
+    echo "== $name (limit ${limit} s): $*"
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    SUMMARY+=("$name: exit $rc after $(($(date +%s) - t0)) s")
+}
+
+stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
+    $PY -c 'import torch, transformers; assert torch.cuda.is_available(), \"no CUDA device\"; \
+print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, \
+torch.cuda.get_device_name(0))'"
+
+# The repo's conftest starts Ray for the cluster tests; the parity test needs none of it.
+XDIST=()
+if $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n 8); fi
+stage parity 100 $PY -m pytest -q --noconftest -p no:cacheprovider "${XDIST[@]}" \
+    tests/gpu/test_cuda_parity.py
+
+stage profile 200 $PY tests/gpu/step_profile.py --model "$MODEL" --out "$OUT"
+
+stage bench 170 $PY -m cluster.cli.main bench throughput --model "$MODEL" \
+    --dtype bfloat16 --compare --compile --num-prompts "$PROMPTS" --output-len-range 16 128 \
+    --result-json "$OUT/bench.json"
+
+echo
+echo "== logs: $OUT"
+[[ -f $OUT/env.log ]] && cat "$OUT/env.log"
+echo "-- parity"
+[[ -f $OUT/parity.log ]] && grep -E "passed|failed|skipped|rror|assert" "$OUT/parity.log" | tail -n 25
+echo "-- profile"
+[[ -f $OUT/profile.log ]] && grep -v "it/s\]" "$OUT/profile.log" | tail -n 16
+echo "-- bench"
+[[ -f $OUT/bench.log ]] && grep -E "^(== |kvray|hf|ratio|backend|roofline|  )|compiled|matmul|start-up|ms/step|Error" \
+    "$OUT/bench.log" | grep -v "it/s\]" | tail -n 45
+echo
+printf '%s\n' "${SUMMARY[@]}"

@@ -1,5 +1,6 @@
-"""TP=1 greedy parity with transformers on CUDA in float32 (run by tests/gpu/check.sh), eager
-and compiled (torch.compile pieces + CUDA graphs of decode-only batches, workers/compile.py)."""
+"""TP=1 greedy parity with transformers on CUDA in float32 (run by tests/gpu/check.sh): eager;
+compiled as by default (decode-only batches replay CUDA graphs of the torch.compile pieces,
+other steps run eagerly, workers/compile.py); and with the pieces compiled for every step."""
 
 from __future__ import annotations
 
@@ -14,15 +15,30 @@ from tests.workers.parity import assert_greedy_match
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    ("compile", "min_tokens"),
+    [(False, None), (True, None), (True, 0)],
+    ids=["eager", "graphs", "every-step"],
+)
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_greedy_matches_transformers(kind: str, compile: bool, tmp_path) -> None:
+def test_cuda_greedy_matches_transformers(
+    kind: str, compile: bool, min_tokens: int | None, tmp_path
+) -> None:
     from transformers import AutoModelForCausalLM
 
     from workers import LLM, SamplingParams
 
     path = make_checkpoint(kind, tmp_path / kind)
-    llm = LLM(str(path), dtype="float32", device="cuda", compile=compile)
+    # A fixed KV budget: the default (a share of free memory) would let the tests, which may
+    # run side by side (pytest -n), starve each other.
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        device="cuda",
+        compile=compile,
+        compile_min_tokens=min_tokens,
+        kv_cache_memory_bytes=1 << 30,
+    )
     compiled = llm.engine.executor.worker.model.compiled
     if compile:  # decode-only steps replay CUDA graphs, one set per capture size
         assert compiled is not None and compiled.graphs is not None and compiled.graphs.sets
@@ -48,3 +64,5 @@ def test_cuda_greedy_matches_transformers(kind: str, compile: bool, tmp_path) ->
             hf.cpu(), prompt, out.outputs[0].token_ids, ref[0, len(prompt) :].tolist()
         )
         hf.cuda()
+    if compile:  # the decode steps (5 sequences, padded to 8) ran from the graphs
+        assert compiled.graphs.replays > 0

@@ -51,7 +51,10 @@ def test_compile_switch_defaults_per_device() -> None:
         CompilationConfig.resolve(True, "cpu", 8, 1.5)  # type: ignore[arg-type]
     cuda = CompilationConfig.resolve(True, "cuda", 64)
     assert cuda.enabled and cuda.cuda_graphs and cuda.capture_sizes == capture_sizes(64)
-    # Not yet measured on a GPU: off until tests/gpu/check.sh says it wins.
+    # Only the decode graphs run compiled on CUDA; an explicit threshold compiles every step.
+    assert cuda.graphs_only and not CompilationConfig.resolve(True, "cuda", 64, 0).graphs_only
+    assert not CompilationConfig.resolve(True, "cpu", 64).graphs_only
+    # Off by default on CUDA too: a whole benchmark run lost there (README, "On a GPU").
     assert not CompilationConfig.resolve(None, "cuda", 64).enabled
     with pytest.raises(ValueError, match="^compile must be"):
         CompilationConfig.resolve("yes", "cpu", 8)  # type: ignore[arg-type]

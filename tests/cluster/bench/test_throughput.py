@@ -123,3 +123,16 @@ def test_compile_flag_runs_kvray_both_ways_side_by_side() -> None:
     assert plan == ["kvray", "kvray-eager", "hf", "hf-cb"]
     assert _plan(parser.parse_args(["--compare", "--no-compile"]))[1] == "kvray-compiled"
     assert parser.parse_args([]).compile is None  # the engine's default
+
+
+def test_a_failing_kvray_backend_is_reported_and_the_peers_still_run(tmp_path: Path) -> None:
+    # max_num_seqs 0 is refused by the engine (and by hf-cb): the run goes on with hf, says
+    # which backends failed and why, and exits 1.
+    out = tmp_path / "result.json"
+    argv = ["bench", "throughput", "--compare", "--max-num-seqs", "0", *TINY]
+    assert main([*argv, "--result-json", str(out)]) == 1
+    result = json.loads(out.read_text())
+    assert [r["backend"] for r in result["results"]] == ["hf"]
+    for name in ("kvray", "kvray-no-prefix-caching"):
+        assert result["skipped"][name].startswith("FAILED: ValueError: max_num_seqs"), name
+    assert not result["skipped"]["hf-cb"].startswith("FAILED")  # a peer that cannot run

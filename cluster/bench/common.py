@@ -147,6 +147,28 @@ def warmup_workload(token_ids: Sequence[int], *, seed: int, num: int = 4) -> Wor
     )
 
 
+def shaped_warmup(
+    token_ids: Sequence[int], workload: Workload, *, seed: int, max_output: int = 8
+) -> Workload:
+    """A warm-up of the measured workload's shape with other tokens: as many requests, the same
+    prompt lengths (so the same prefill step sizes and decode batch sizes), short outputs.
+
+    A backend's first steps of a new shape pay one-time costs (kernel loading and GEMM
+    heuristics on CUDA, primitive creation on CPU); warming up on a few short requests left
+    them in the timed run of whichever backend ran first. Fresh tokens keep the prefix cache
+    from being flattered, as in `warmup_workload`.
+    """
+    rng = random.Random(seed + 7919)
+    requests = tuple(
+        BenchRequest(
+            prompt_ids=tuple(rng.choices(token_ids, k=q.prompt_len)),
+            output_len=min(q.output_len, max_output),
+        )
+        for q in workload.requests
+    )
+    return Workload("warm-up", requests, {"shaped_like": workload.name, "seed": seed + 7919})
+
+
 def _check_range(flag: str, bounds: tuple[int, int]) -> None:
     low, high = bounds
     if low < 1 or high < low:

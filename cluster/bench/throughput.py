@@ -33,8 +33,8 @@ from cluster.bench.common import (
     random_workload,
     ratios,
     sampleable_token_ids,
+    shaped_warmup,
     shared_prefix_workload,
-    warmup_workload,
     write_result_json,
 )
 from cluster.bench.throughput_hf import run_hf, run_hf_cb
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     token_ids = sampleable_token_ids(model_dir)
     workload = _workload(args, token_ids)
     device = args.device or _default_device()
-    r = Run(args, model_dir, device, workload, warmup_workload(token_ids, seed=args.seed))
+    r = Run(args, model_dir, device, workload, shaped_warmup(token_ids, workload, seed=args.seed))
     print(
         f"kvray bench throughput: {model_dir} on {device}, workload {workload.name}: "
         f"{len(workload.requests)} requests, {workload.prompt_tokens} prompt + "

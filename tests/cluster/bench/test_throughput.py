@@ -14,6 +14,7 @@ import pytest
 from cluster.bench.common import (
     random_workload,
     sampleable_token_ids,
+    shaped_warmup,
     shared_prefix_workload,
 )
 from cluster.cli.main import main
@@ -110,6 +111,18 @@ def test_workloads_are_seeded_and_in_range(demo_dir: Path) -> None:
     prefixes = {r.prompt_ids[:10] for r in shared.requests}
     assert len(prefixes) == 1 and len({r.prompt_ids for r in shared.requests}) == 5
     assert shared.prompt_tokens == 5 * 13 and shared.output_tokens == 10
+
+    # The warm-up has the workload's shape (count, prompt lengths) with other tokens and short
+    # outputs: the timed run's step sizes are not new to the backend, its prompts are.
+    a = random_workload(
+        ids, seed=1, num_prompts=50, input_len_range=(3, 9), output_len_range=(5, 12)
+    )
+    warm = shaped_warmup(ids, a, seed=1, max_output=6)
+    assert [q.prompt_len for q in warm.requests] == [q.prompt_len for q in a.requests]
+    assert [q.output_len for q in warm.requests] == [min(q.output_len, 6) for q in a.requests]
+    assert not {q.prompt_ids for q in warm.requests} & {q.prompt_ids for q in a.requests}
+    assert all(set(q.prompt_ids) <= set(ids) for q in warm.requests)
+    assert warm == shaped_warmup(ids, a, seed=1, max_output=6)
 
 
 def test_compile_flag_runs_kvray_both_ways_side_by_side() -> None:

@@ -152,9 +152,10 @@ class ServeConfig:
     # workers/compile.py; None leaves it to the engine (on only where measured to win).
     compile: bool | None = _opt(
         None,
-        "torch.compile the model forward (CUDA: plus CUDA graphs of decode batches; CPU: "
-        f"steps of {CPU_COMPILED_MIN_TOKENS}+ tokens); default off: on CPU a few per cent more "
-        "throughput for seconds of start-up per engine",
+        "torch.compile the model forward (CUDA: decode batches replay CUDA graphs, other steps "
+        f"run eagerly; CPU: steps of {CPU_COMPILED_MIN_TOKENS}+ tokens); default off: on CPU a "
+        "few per cent more throughput, on a GPU faster decode steps but not yet a faster run, "
+        "for seconds of start-up per engine",
         MODEL_GROUP,
     )
     max_queued_requests: int = _opt(

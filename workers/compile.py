@@ -40,7 +40,7 @@ import torch
 from workers.compile_sizes import padded_size
 
 if TYPE_CHECKING:
-    from workers.config import CompilationConfig
+    from workers.compile_config import CompilationConfig
 
 log = logging.getLogger(__name__)
 

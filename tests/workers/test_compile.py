@@ -1,4 +1,4 @@
-"""Shape buckets (workers/compile_sizes.py) and the compile switch of the compiled forward.
+"""Shape buckets (workers/compile_sizes.py) and how the engine args carry the compile switch.
 
 CPU only and fast: nothing here compiles (tests/workers/test_compile_parity.py does, once)."""
 
@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 
 from workers.compile_sizes import (
-    CPU_COMPILED_MIN_TOKENS,
     MAX_CAPTURE_SIZE,
     capture_sizes,
     padded_size,
 )
-from workers.config import CompilationConfig, EngineArgs
+from workers.config import EngineArgs
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 100, 256, 512, 4096])
@@ -34,30 +33,6 @@ def test_every_decode_batch_has_a_bucket_with_bounded_padding(max_num_seqs: int)
 def test_capture_sizes_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="max_num_seqs"):
         capture_sizes(0)
-
-
-def test_compile_switch_defaults_per_device() -> None:
-    # Off on CPU unless asked (it does not win there, README "Compiled forward pass").
-    assert CompilationConfig.resolve(None, "cpu", 256) == CompilationConfig()
-    cpu = CompilationConfig.resolve(True, "cpu", 256)
-    assert cpu.enabled and not cpu.cuda_graphs and cpu.capture_sizes == ()
-    # Small CPU steps run eagerly (they lose under PASSIVE threads); 0 compiles them all.
-    assert cpu.min_tokens == CPU_COMPILED_MIN_TOKENS > 1
-    assert CompilationConfig.resolve(True, "cpu", 256, 0).min_tokens == 0
-    assert CompilationConfig.resolve(True, "cuda", 64).min_tokens == 0
-    with pytest.raises(ValueError, match="^compile_min_tokens must be"):
-        CompilationConfig.resolve(True, "cpu", 8, -1)
-    with pytest.raises(ValueError, match="^compile_min_tokens must be"):
-        CompilationConfig.resolve(True, "cpu", 8, 1.5)  # type: ignore[arg-type]
-    cuda = CompilationConfig.resolve(True, "cuda", 64)
-    assert cuda.enabled and cuda.cuda_graphs and cuda.capture_sizes == capture_sizes(64)
-    # Only the decode graphs run compiled on CUDA; an explicit threshold compiles every step.
-    assert cuda.graphs_only and not CompilationConfig.resolve(True, "cuda", 64, 0).graphs_only
-    assert not CompilationConfig.resolve(True, "cpu", 64).graphs_only
-    # Off by default on CUDA too: a whole benchmark run lost there (README, "On a GPU").
-    assert not CompilationConfig.resolve(None, "cuda", 64).enabled
-    with pytest.raises(ValueError, match="^compile must be"):
-        CompilationConfig.resolve("yes", "cpu", 8)  # type: ignore[arg-type]
 
 
 def test_engine_args_carry_the_switch(demo_dir) -> None:

@@ -132,6 +132,10 @@ def shared_prefix_workload(
     return Workload("shared-prefix", requests, params)
 
 
+# Warm-ups draw from their own seed, so their prompts are not the measured ones.
+_WARMUP_SEED_OFFSET = 7919
+
+
 def warmup_workload(token_ids: Sequence[int], *, seed: int, num: int = 4) -> Workload:
     """A few short requests for warm-up, drawn independently of the measured workload.
 
@@ -143,7 +147,7 @@ def warmup_workload(token_ids: Sequence[int], *, seed: int, num: int = 4) -> Wor
         num_prompts=num,
         input_len_range=(8, 32),
         output_len_range=(4, 8),
-        seed=seed + 7919,
+        seed=seed + _WARMUP_SEED_OFFSET,
     )
 
 
@@ -158,7 +162,8 @@ def shaped_warmup(
     them in the timed run of whichever backend ran first. Fresh tokens keep the prefix cache
     from being flattered, as in `warmup_workload`.
     """
-    rng = random.Random(seed + 7919)
+    warm_seed = seed + _WARMUP_SEED_OFFSET
+    rng = random.Random(warm_seed)
     requests = tuple(
         BenchRequest(
             prompt_ids=tuple(rng.choices(token_ids, k=q.prompt_len)),
@@ -166,7 +171,7 @@ def shaped_warmup(
         )
         for q in workload.requests
     )
-    return Workload("warm-up", requests, {"shaped_like": workload.name, "seed": seed + 7919})
+    return Workload("warm-up", requests, {"shaped_like": workload.name, "seed": warm_seed})
 
 
 def _check_range(flag: str, bounds: tuple[int, int]) -> None:

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.compile_sizes import (
-    MAX_CAPTURE_SIZE,
-    capture_sizes,
-    padded_size,
-)
+from workers.compile_sizes import MAX_CAPTURE_SIZE, capture_sizes, padded_size
 from workers.config import EngineArgs
 
 

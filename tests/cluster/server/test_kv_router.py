@@ -78,15 +78,28 @@ def _wait_for_reports(app: App, placed: dict[str, list[int]]) -> None:
     while True:
         router.refresh([])  # what routing a request does first
         reported = {rid: set(rep.blocks) for rid, rep in router.index.replicas.items()}
-        # The router's own cost of an empty prompt is its load term alone: 0 when idle.
-        load = {r.replica_id.unique_id: router.cost(r, 0, 0) for r in router.curr_replicas.values()}
+        load = _loads(router)
         if all(
             set(prompt_block_hashes(ids, DEFAULT_BLOCK_SIZE, 256)) <= reported.get(rid, set())
             for rid, ids in placed.items()
-        ) and set(load.values()) == {0}:
+        ) and all(v == (0, 0) for v in load.values()):
             return
         assert time.monotonic() < deadline, f"no reports of {placed} or not idle: {load}"
         time.sleep(ROUTING_STATS_PERIOD_S / 2)
+
+
+def _loads(router: Any) -> dict[str, tuple[float, int]]:
+    """Per replica: the router's own cost of an empty prompt (its load term alone, from
+    Serve's cached queue length while it has one), and the running + waiting requests of
+    the replica's last routing-stats report (what the router falls back on once Serve's
+    cache entry expires). Idle is (0, 0): a report taken while a placing request still ran
+    would otherwise surface later as one request in flight, outweighing a 96-token hit."""
+    out = {}
+    for r in router.curr_replicas.values():
+        stats = r.routing_stats or {}
+        reported = int(stats.get("running", 0)) + int(stats.get("waiting", 0))
+        out[r.replica_id.unique_id] = (router.cost(r, 0, 0), reported)
+    return out
 
 
 def _router(app: App) -> Any:
@@ -110,19 +123,24 @@ def test_requests_go_to_the_replica_holding_their_prefix(kv_app: App) -> None:
     _wait_for_reports(kv_app, {rid: p + [7] for p, rid in zip(prefixes, owners, strict=True)})
 
     before = _hits(kv_app)
+    router = _router(kv_app)
+    seen = []  # the router's view before each request: a failure says what it routed on
     rounds = 4
     for _ in range(rounds):
-        for prefix in prefixes:  # no key: the router decides from the engines' reports
-            _generate(kv_app, prefix + [rng.randrange(100, 3000) for _ in range(8)])
+        for i, prefix in enumerate(prefixes):  # no key: the router decides from the reports
+            ids = prefix + [rng.randrange(100, 3000) for _ in range(8)]
+            hashes = prompt_block_hashes(ids, DEFAULT_BLOCK_SIZE, 256)
+            held = {rid: router.index.overlap(rid, hashes, time.monotonic()) for rid in owners}
+            seen.append((i, held, _loads(router)))
+            _generate(kv_app, ids)
     after = _hits(kv_app)
     gained = {rid: after[rid] - before.get(rid, 0) for rid in after}
     print(f"prefix-cache hits gained per replica: {gained}")
     for rid in owners:
         # Every request of its prefix hit the whole prefix there (96 tokens: 6 whole blocks).
-        assert gained[rid] == rounds * PREFIX_TOKENS
+        assert gained[rid] == rounds * PREFIX_TOKENS, (gained, owners, seen)
 
     # Kill the first prefix's replica: Serve replaces it, and the router forgets it at once.
-    router = _router(kv_app)
     assert owners[0] in router.index.replicas
     ray.kill(replica_actor(kv_app.name, "LLMServer", owners[0]), no_restart=True)
     deadline = time.monotonic() + 120

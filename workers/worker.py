@@ -68,13 +68,15 @@ class Worker:
         from workers.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
-        # On CPU in float32, decode attention uses a small C kernel that reads the paged
-        # cache in place (see workers/layers/cpu_kernels.py); elsewhere the torch path.
+        # On CPU in float32, decode attention and few-row linears use small C kernels
+        # (see workers/layers/cpu_kernels.py); elsewhere the torch path.
         self.cpu_kernel = None
         if device.type == "cpu" and config.torch_dtype == torch.float32:
             from workers.layers.cpu_kernels import kernel
+            from workers.layers.linear import use_cpu_kernels
 
             self.cpu_kernel = kernel()
+            use_cpu_kernels(self.model, self.cpu_kernel)
         from workers.compile import compile_model
 
         # Start-up seconds the compiled forward cost; None: it runs eagerly.

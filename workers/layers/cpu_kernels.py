@@ -1,10 +1,12 @@
-"""A small C kernel for paged decode attention on CPU, built on first use with the system
-C compiler and loaded through ctypes.
-
-Why: the torch-native decode path gathers every sequence's K/V into a padded tensor (a
-copy as large as the context, per layer, per step) before attending; on CPU that copy costs
-more than the attention itself. The kernel reads K/V in place from the block pool.
-If no compiler is available the engine keeps the torch-native path (same results).
+"""Small C kernels for CPU, built on first use with the system C compiler into one library
+and loaded through ctypes (sources in csrc/):
+- paged decode attention: the torch-native decode path gathers every sequence's K/V into a
+  padded tensor (a copy as large as the context, per layer, per step) before attending; on
+  CPU that copy costs more than the attention itself. The kernel reads K/V in place from
+  the block pool.
+- skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py).
+If no compiler is available the engine keeps the torch paths (same results up to float
+rounding).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SRC = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = (_CSRC / "paged_decode_attention.c", _CSRC / "skinny_gemm.c")
 
 
 def _cache_dir() -> Path:
@@ -36,30 +39,37 @@ def _build() -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found: using the torch-native paged attention on CPU")
         return None
-    src = _SRC.read_bytes()
-    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
-    key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"paged_decode_attention-{key}.so"
+    src = b"".join(path.read_bytes() for path in _SOURCES)
+    # -ffast-math only when compiling (vectorised exp, reassociated sums): linked with it,
+    # a shared library sets flush-to-zero for the whole process when it loads.
+    cflags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-ffast-math"]
+    ldflags = ["-shared", "-fopenmp"]
+    key = hashlib.sha256(src + " ".join(cflags + ldflags).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"kvray-cpu-kernels-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            objs = {src: Path(tmp) / f"{src.stem}.o" for src in _SOURCES}
             tmp_out = Path(tmp) / out.name
-            proc = subprocess.run(
-                [cc, *flags, str(_SRC), "-o", str(tmp_out), "-lm"], capture_output=True, text=True
-            )
-            if proc.returncode != 0:
-                log.warning(
-                    "building the CPU attention kernel failed; using torch-native attention:\n%s",
-                    proc.stderr[-2000:],
-                )
-                return None
+            compiles = [[cc, *cflags, "-c", str(src), "-o", str(o)] for src, o in objs.items()]
+            link = [cc, *ldflags, *map(str, objs.values()), "-o", str(tmp_out), "-lm"]
+            for cmd in (*compiles, link):
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    log.warning(
+                        "building the CPU kernels failed; using the torch paths:\n%s",
+                        proc.stderr[-2000:],
+                    )
+                    return None
             os.replace(tmp_out, out)  # atomic: concurrent builders are safe
-        log.info("built CPU paged attention kernel: %s", out)
+        log.info("built the CPU kernels: %s", out)
     lib = ctypes.CDLL(str(out))
     lib.paged_decode_attention.restype = None
     lib.paged_decode_attention.argtypes = (
         [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 7 + [ctypes.c_float]
     )
+    lib.skinny_gemm.restype = None
+    lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     return lib
 
 
@@ -69,7 +79,7 @@ def kernel() -> ctypes.CDLL | None:
     try:
         return _build()
     except Exception:  # noqa: BLE001 - never fatal: the torch path is always there
-        log.exception("CPU attention kernel unavailable")
+        log.exception("CPU kernels unavailable")
         return None
 
 
@@ -105,5 +115,25 @@ def paged_decode_attention_cpu(
         max_blocks,
         max_len,
         scale,
+    )
+    return out
+
+
+def skinny_linear(
+    lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`nn.functional.linear(x, weight, bias)` for a 2-D float32 `x` of a few rows."""
+    x = x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype)
+    lib.skinny_gemm(
+        x.data_ptr(),
+        weight.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        m,
+        k,
+        n,
     )
     return out

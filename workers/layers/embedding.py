@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from workers.distributed import TPGroup
+from workers.layers.linear import linear
 
 
 def padded_vocab(vocab_size: int, tp: TPGroup) -> int:
@@ -55,8 +56,9 @@ class ParallelLMHead(nn.Module):
             self.weight = nn.Parameter(
                 torch.zeros(per_rank, hidden, dtype=dtype), requires_grad=False
             )
+        self.cpu_kernels: object = None  # set by workers.layers.linear.use_cpu_kernels
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = nn.functional.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight, None, self.cpu_kernels)
         logits = self.tp.all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]

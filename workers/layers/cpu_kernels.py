@@ -4,7 +4,10 @@ and loaded through ctypes (sources in csrc/):
   padded tensor (a copy as large as the context, per layer, per step) before attending; on
   CPU that copy costs more than the attention itself. The kernel reads K/V in place from
   the block pool.
-- skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py).
+- skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py);
+- RMSNorm in one pass instead of seven torch ops (workers/layers/norm.py);
+- rotary embedding of q and k in place, one pass (workers/layers/rotary.py).
+`use_cpu_kernels` routes a loaded model's layers through them.
 If no compiler is available the engine keeps the torch paths (same results up to float
 rounding).
 """
@@ -26,7 +29,9 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = (_CSRC / "paged_decode_attention.c", _CSRC / "skinny_gemm.c")
+_SOURCES = tuple(
+    _CSRC / f for f in ("paged_decode_attention.c", "skinny_gemm.c", "rms_norm.c", "rotary.c")
+)
 
 
 def _cache_dir() -> Path:
@@ -70,6 +75,12 @@ def _build() -> ctypes.CDLL | None:
     )
     lib.skinny_gemm.restype = None
     lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float]
+    lib.rotary.restype = None
+    lib.rotary.argtypes = (
+        [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int64] * 5
+    ) + [ctypes.c_void_p] * 3
     return lib
 
 
@@ -137,3 +148,76 @@ def skinny_linear(
         n,
     )
     return out
+
+
+def rms_norm_cpu(
+    lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """RMSNorm over the last dimension of a 2-D or 3-D float32 `x` whose last dim is dense."""
+    if x.stride(-1) != 1 or x.dim() not in (2, 3):
+        x = x.contiguous()
+    x3 = x if x.dim() == 3 else x.unsqueeze(1)
+    outer, inner, dim = x3.shape
+    out = torch.empty(x.shape, dtype=x.dtype)
+    lib.rms_norm(
+        x3.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        outer,
+        inner,
+        x3.stride(0),
+        x3.stride(1),
+        dim,
+        eps,
+    )
+    return out
+
+
+def rotary_cpu(
+    lib: ctypes.CDLL,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotates q [T, H, D] and k [T, KH, D] in place (last dim dense) and returns them."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    positions = positions.contiguous()
+    lib.rotary(
+        q.data_ptr(),
+        q.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k.data_ptr(),
+        k.shape[1],
+        k.stride(0),
+        k.stride(1),
+        q.shape[0],
+        q.shape[2],
+        cos.data_ptr(),
+        sin.data_ptr(),
+        positions.data_ptr(),
+    )
+    return q, k
+
+
+def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL) -> None:
+    """Route the model's linear layers (LM head included), norms and rotary embedding through
+    `lib`: every module with a `cpu_kernels` slot and dense float32 weights or tables."""
+    for module in model.modules():
+        if hasattr(module, "cpu_kernels") and getattr(module, "cos", None) is not None:
+            if module.cos.dtype == torch.float32 and module.cos.is_contiguous():
+                module.cpu_kernels = lib
+            continue
+        weight = getattr(module, "weight", None)
+        if (
+            hasattr(module, "cpu_kernels")
+            and weight is not None
+            and weight.dtype == torch.float32
+            and weight.is_contiguous()
+        ):
+            module.cpu_kernels = lib

@@ -56,7 +56,7 @@ class ParallelLMHead(nn.Module):
             self.weight = nn.Parameter(
                 torch.zeros(per_rank, hidden, dtype=dtype), requires_grad=False
             )
-        self.cpu_kernels: object = None  # set by workers.layers.linear.use_cpu_kernels
+        self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = linear(hidden, self.weight, None, self.cpu_kernels)

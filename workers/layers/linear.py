@@ -7,7 +7,7 @@ Weights are filled by `workers.loader`, which hands each layer only its own slic
 
 On CPU in float32, `linear` sends steps of a few rows (a decode step of a few sequences) to
 the skinny-GEMM C kernel (workers/layers/csrc/skinny_gemm.c), where the BLAS runs far below
-the memory bandwidth; `use_cpu_kernels` turns that on for a loaded model.
+the memory bandwidth (`workers.layers.cpu_kernels.use_cpu_kernels` turns it on).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from workers.distributed import TPGroup
+from workers.layers.cpu_kernels import skinny_linear
 
 # Rows (tokens) for which the skinny kernel beat torch's linear, measured per token count
 # with the demo model's and the 100M checkpoint's weight shapes: 1.0-1.2x and 1.2-2.0x from
@@ -34,23 +35,8 @@ def linear(
         and x.dim() == 2
         and x.shape[0] in SKINNY_ROWS
     ):
-        from workers.layers.cpu_kernels import skinny_linear
-
         return skinny_linear(cpu_kernels, x, weight, bias)
     return nn.functional.linear(x, weight, bias)
-
-
-def use_cpu_kernels(model: nn.Module, lib: object) -> None:
-    """Route the model's linear layers (LM head included) through the CPU kernels `lib`."""
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if (
-            hasattr(module, "cpu_kernels")
-            and weight is not None
-            and weight.dtype == torch.float32
-            and weight.is_contiguous()
-        ):
-            module.cpu_kernels = lib
 
 
 class ColumnParallelLinear(nn.Module):

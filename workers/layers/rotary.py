@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from workers.config import RopeConfig
+from workers.layers.cpu_kernels import rotary_cpu
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int, max_pos: int) -> torch.Tensor:
@@ -40,11 +41,16 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
         self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KH, D], positions: [T]."""
+        """q: [T, H, D], k: [T, KH, D], positions: [T]. The CPU kernel rotates q and k in
+        place (they are fresh per step: the norms' outputs or views of the qkv projection)."""
+        # Not while compiling: inductor fuses the torch ops itself.
+        if self.cpu_kernels is not None and not torch.compiler.is_compiling():
+            return rotary_cpu(self.cpu_kernels, positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _apply(q, cos, sin), _apply(k, cos, sin)

@@ -6,7 +6,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from workers.config import RopeConfig
 from workers.layers.cpu_kernels import kernel, paged_decode_attention_cpu, skinny_linear
+from workers.layers.norm import RMSNorm
+from workers.layers.rotary import RotaryEmbedding
 
 BLOCK = 16
 
@@ -95,5 +98,47 @@ def test_a_cpu_float32_engine_routes_through_the_kernels(lib, demo_llm):
     worker = demo_llm.engine.executor.worker
     assert worker.cpu_kernel is lib
     model = worker.model
-    routed = [model.lm_head, model.layers[0].self_attn.qkv_proj, model.layers[-1].mlp.down_proj]
+    layer = model.layers[-1]
+    attn = layer.self_attn
+    routed = [model.lm_head, attn.qkv_proj, layer.mlp.down_proj, attn.q_norm, attn.rotary]
     assert all(m.cpu_kernels is lib for m in routed)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])  # 300 x 256: the threaded branch
+def test_rms_norm_matches_the_torch_path(lib, rows):
+    gen = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(256, 1e-6, torch.float32)
+    norm.weight.copy_(torch.randn(256, generator=gen))
+    x = torch.randn(rows, 256, generator=gen) * 4
+    expected = norm(x)
+    norm.cpu_kernels = lib
+    torch.testing.assert_close(norm(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rms_norm_of_heads_viewed_out_of_a_fused_projection(lib):
+    # q = qkv[:, :q_size].view(T, H, Dh): rows of Dh are dense, heads and tokens strided.
+    qkv = torch.randn(6, 4 * 64 + 2 * 2 * 64)
+    q = qkv[:, : 4 * 64].view(6, 4, 64)
+    norm = RMSNorm(64, 1e-6, torch.float32)
+    norm.weight.copy_(torch.rand(64) + 0.5)
+    expected = norm(q)
+    norm.cpu_kernels = lib
+    out = norm(q)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_rotary_matches_the_torch_path(lib, fused):
+    rope = RotaryEmbedding(RopeConfig(), 64, 512, torch.float32)
+    positions = torch.tensor([0, 1, 7, 300, 511, 42], dtype=torch.int64)
+    if fused:  # llama without q/k norms: q and k are views into the qkv projection
+        qkv = torch.randn(6, 4 * 64 + 2 * 2 * 64)
+        q, k = qkv[:, :256].view(6, 4, 64), qkv[:, 256:384].view(6, 2, 64)
+    else:
+        q, k = torch.randn(6, 4, 64), torch.randn(6, 2, 64)
+    eq, ek = rope(positions, q, k)
+    rope.cpu_kernels = lib
+    oq, ok = rope(positions, q.clone(), k.clone())
+    torch.testing.assert_close(oq, eq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)

@@ -196,10 +196,14 @@ def test_a_client_that_leaves_gets_its_sequences_aborted(
     # Each sequence needs most of the cache: left alone, they would run one after another.
     with http.stream("POST", f"{tiny_app.base_url}/v1/completions", json=body) as resp:
         assert resp.status_code == 200
-        first = next(resp.iter_lines())
+        # Keep the iterator: a dropped `iter_lines()` generator closes the connection when it
+        # is finalised (httpcore closes the stream on GeneratorExit), so the client would
+        # leave at once. That was this test's flake: it read 0 + 0 because the sequences had
+        # already been aborted, twice in fresh-clone CI runs.
+        lines = resp.iter_lines()
+        first = next(lines)
         assert first.startswith("data: "), first
-        # The sequences are in the engine, the client still listening (stats polled: a
-        # fresh-clone CI run once read 0 + 0 right after the first line, cause unknown; the
+        # The sequences are in the engine, the client still listening (stats polled: the
         # sequences take many seconds, so a later read still sees them unless they ended).
         deadline = time.monotonic() + 10
         while True:

@@ -6,7 +6,8 @@ and loaded through ctypes (sources in csrc/):
   the block pool.
 - skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py);
 - RMSNorm in one pass instead of seven torch ops (workers/layers/norm.py);
-- rotary embedding of q and k in place, one pass (workers/layers/rotary.py).
+- rotary embedding of q and k in place, one pass (workers/layers/rotary.py);
+- SiLU-and-mul of the fused gate/up projection (workers/models/llama.py MLP).
 `use_cpu_kernels` routes a loaded model's layers through them.
 If no compiler is available the engine keeps the torch paths (same results up to float
 rounding).
@@ -29,9 +30,7 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = tuple(
-    _CSRC / f for f in ("paged_decode_attention.c", "skinny_gemm.c", "rms_norm.c", "rotary.c")
-)
+_SOURCES = tuple(sorted(_CSRC.glob("*.c")))
 
 
 def _cache_dir() -> Path:
@@ -77,6 +76,8 @@ def _build() -> ctypes.CDLL | None:
     lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float]
+    lib.silu_and_mul.restype = None
+    lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     lib.rotary.restype = None
     lib.rotary.argtypes = (
         [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int64] * 5
@@ -205,19 +206,21 @@ def rotary_cpu(
     return q, k
 
 
+def silu_and_mul_cpu(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a 2-D float32 [T, 2 * I] fused projection (gate first)."""
+    gate_up = gate_up.contiguous()
+    t, two_i = gate_up.shape
+    out = torch.empty(t, two_i // 2, dtype=gate_up.dtype)
+    lib.silu_and_mul(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2)
+    return out
+
+
 def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL) -> None:
-    """Route the model's linear layers (LM head included), norms and rotary embedding through
-    `lib`: every module with a `cpu_kernels` slot and dense float32 weights or tables."""
+    """Route a loaded model's layers through `lib`: every module with a `cpu_kernels` slot
+    (linear layers and the LM head, norms, rotary, MLP) whose tensors are dense float32."""
     for module in model.modules():
-        if hasattr(module, "cpu_kernels") and getattr(module, "cos", None) is not None:
-            if module.cos.dtype == torch.float32 and module.cos.is_contiguous():
-                module.cpu_kernels = lib
+        if not hasattr(module, "cpu_kernels"):
             continue
-        weight = getattr(module, "weight", None)
-        if (
-            hasattr(module, "cpu_kernels")
-            and weight is not None
-            and weight.dtype == torch.float32
-            and weight.is_contiguous()
-        ):
+        tensors = [*module.parameters(), *module.buffers()]
+        if tensors and all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
             module.cpu_kernels = lib

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from workers.config import ModelConfig
 from workers.distributed import TPGroup
 from workers.layers.attention import AttentionMetadata, PagedAttention
+from workers.layers.cpu_kernels import silu_and_mul_cpu
 from workers.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workers.layers.linear import ColumnParallelLinear, RowParallelLinear
 from workers.layers.norm import RMSNorm
@@ -64,9 +65,14 @@ class MLP(nn.Module):
             c.hidden_size, [self.inter, self.inter], False, tp, dtype
         )
         self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
+        self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        # Not while compiling: inductor fuses the torch ops itself.
+        if self.cpu_kernels is not None and not torch.compiler.is_compiling():
+            return self.down_proj(silu_and_mul_cpu(self.cpu_kernels, gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

@@ -7,7 +7,12 @@ import torch
 from torch.nn import functional as F
 
 from workers.config import RopeConfig
-from workers.layers.cpu_kernels import kernel, paged_decode_attention_cpu, skinny_linear
+from workers.layers.cpu_kernels import (
+    kernel,
+    paged_decode_attention_cpu,
+    silu_and_mul_cpu,
+    skinny_linear,
+)
 from workers.layers.norm import RMSNorm
 from workers.layers.rotary import RotaryEmbedding
 
@@ -43,7 +48,8 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
         (40, 4, 2, 64),  # the demo model's shape, a task per sequence
         (3, 4, 2, 64),  # few sequences: a task per KV head
         (20, 16, 8, 128),  # Qwen3-0.6B's shape
-        (17, 6, 2, 32),  # no specialised shape: the generic loop
+        (17, 10, 2, 32),  # no specialised shape: the generic loop
+        (32, 12, 4, 64),  # the 100M checkpoint's shape
         (5, 3, 3, 48),  # no grouping
     ],
 )
@@ -73,8 +79,11 @@ def test_loading_the_kernel_keeps_denormals(lib):
     assert (tiny * 0.5).item() > 0.0
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 24])
-@pytest.mark.parametrize(("in_features", "out_features"), [(256, 768), (100, 37), (768, 4)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 24, 40])
+@pytest.mark.parametrize(
+    ("in_features", "out_features"),
+    [(256, 768), (100, 37), (768, 4), (600, 9)],  # 600: a tail after the vector loop
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_skinny_linear_matches_torch(lib, rows, in_features, out_features, bias):
     gen = torch.Generator().manual_seed(rows * 1000 + in_features + out_features)
@@ -100,7 +109,14 @@ def test_a_cpu_float32_engine_routes_through_the_kernels(lib, demo_llm):
     model = worker.model
     layer = model.layers[-1]
     attn = layer.self_attn
-    routed = [model.lm_head, attn.qkv_proj, layer.mlp.down_proj, attn.q_norm, attn.rotary]
+    routed = [
+        model.lm_head,
+        attn.qkv_proj,
+        layer.mlp,
+        layer.mlp.down_proj,
+        attn.q_norm,
+        attn.rotary,
+    ]
     assert all(m.cpu_kernels is lib for m in routed)
 
 
@@ -142,3 +158,12 @@ def test_rotary_matches_the_torch_path(lib, fused):
     oq, ok = rope(positions, q.clone(), k.clone())
     torch.testing.assert_close(oq, eq, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 9, 200])  # 200 x 768: the threaded branch
+def test_silu_and_mul_matches_torch(lib, rows):
+    gate_up = torch.randn(rows, 2 * 384) * 4
+    gate, up = gate_up.split(384, dim=-1)
+    torch.testing.assert_close(
+        silu_and_mul_cpu(lib, gate_up), F.silu(gate) * up, atol=1e-5, rtol=1e-5
+    )

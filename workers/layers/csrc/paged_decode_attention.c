@@ -106,8 +106,12 @@ void paged_decode_attention(const float *q, const float *k, const float *v,
         const float *qd = q + d * H * Dh;
         float *sd = scratch + (d * H + kh0 * G) * max_len;
         float *od = out + d * H * Dh;
-        SHAPE(1, 64) SHAPE(2, 64) SHAPE(4, 64) SHAPE(8, 64)
-        SHAPE(1, 128) SHAPE(2, 128) SHAPE(4, 128) SHAPE(8, 128)
+        /* Query heads per KV head of common models (Qwen3-0.6B 2, Llama 3 4, Qwen2.5 7...):
+         * the generic loop is ~30 % slower (100M checkpoint's 3: 0.39 vs 0.30 ms). */
+        SHAPE(1, 64) SHAPE(2, 64) SHAPE(3, 64) SHAPE(4, 64)
+        SHAPE(6, 64) SHAPE(7, 64) SHAPE(8, 64)
+        SHAPE(1, 128) SHAPE(2, 128) SHAPE(3, 128) SHAPE(4, 128)
+        SHAPE(6, 128) SHAPE(7, 128) SHAPE(8, 128)
         attend(qd, k, v, table, n, sd, od, G, Dh, KH, kh0, nkh, bs, max_len, scale);
     }
 }

@@ -154,10 +154,12 @@ def skinny_linear(
 def rms_norm_cpu(
     lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """RMSNorm over the last dimension of a 2-D or 3-D float32 `x` whose last dim is dense."""
-    if x.stride(-1) != 1 or x.dim() not in (2, 3):
-        x = x.contiguous()
-    x3 = x if x.dim() == 3 else x.unsqueeze(1)
+    """RMSNorm over the last dimension of a float32 `x` (a 3-D view with a dense last
+    dimension, like the q/k heads, is read in place; anything else is made contiguous)."""
+    if x.dim() == 3 and x.stride(-1) == 1:
+        x3 = x
+    else:
+        x3 = x.contiguous().view(-1, 1, x.shape[-1])
     outer, inner, dim = x3.shape
     out = torch.empty(x.shape, dtype=x.dtype)
     lib.rms_norm(
@@ -187,6 +189,8 @@ def rotary_cpu(
         q = q.contiguous()
     if k.stride(-1) != 1:
         k = k.contiguous()
+    if positions.dtype != torch.int64:  # the kernel reads int64
+        positions = positions.to(torch.int64)
     positions = positions.contiguous()
     lib.rotary(
         q.data_ptr(),

@@ -167,3 +167,25 @@ def test_silu_and_mul_matches_torch(lib, rows):
     torch.testing.assert_close(
         silu_and_mul_cpu(lib, gate_up), F.silu(gate) * up, atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("shape", [(256,), (2, 3, 256), (2, 3, 4, 256)])
+def test_rms_norm_of_other_ranks(lib, shape):
+    norm = RMSNorm(256, 1e-6, torch.float32)
+    x = torch.randn(*shape)
+    expected = norm(x)
+    norm.cpu_kernels = lib
+    out = norm(x)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_takes_int32_positions(lib):
+    rope = RotaryEmbedding(RopeConfig(), 64, 512, torch.float32)
+    q, k = torch.randn(3, 4, 64), torch.randn(3, 2, 64)
+    positions = torch.tensor([5, 400, 9])
+    eq, ek = rope(positions, q, k)
+    rope.cpu_kernels = lib
+    oq, ok = rope(positions.to(torch.int32), q.clone(), k.clone())
+    torch.testing.assert_close(oq, eq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)

@@ -68,8 +68,8 @@ class Worker:
         from workers.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
-        # On CPU in float32, decode attention, few-row linears and norms use small C kernels
-        # (see workers/layers/cpu_kernels.py); elsewhere the torch path.
+        # On CPU in float32, decode attention, few-row linears, norms, rotary and SiLU-and-mul
+        # run small C kernels (workers/layers/cpu_kernels.py); elsewhere the torch paths.
         self.cpu_kernel = None
         if device.type == "cpu" and config.torch_dtype == torch.float32:
             from workers.layers.cpu_kernels import kernel, use_cpu_kernels

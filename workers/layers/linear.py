@@ -19,8 +19,9 @@ from workers.distributed import TPGroup
 from workers.layers.cpu_kernels import skinny_linear
 
 # Rows (tokens) for which the skinny kernel beat torch's linear, measured per token count
-# with the demo model's and the 100M checkpoint's weight shapes: 1.0-1.2x and 1.2-2.0x from
-# 4 to 24 rows; even at 1-2 rows; behind the BLAS from 32 (demo) or 48 (100M) rows up.
+# with the demo model's and the 100M checkpoint's weight shapes (README, "CPU kernels"):
+# 1.0-1.2x and 1.2-2.0x from 4 to 24 rows; even (0.94-1.05x) at 1-2 rows; behind the BLAS
+# from 32 rows (demo) or 48 (100M) up.
 SKINNY_ROWS = range(4, 25)
 
 
@@ -53,8 +54,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = (
             nn.Parameter(torch.zeros(out, dtype=dtype), requires_grad=False) if bias else None
         )
-
-        self.cpu_kernels: object = None  # set by use_cpu_kernels
+        self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
 
     def part_offset(self, index: int) -> int:
         return sum(self.output_sizes[:index])
@@ -84,7 +84,7 @@ class RowParallelLinear(nn.Module):
             if bias
             else None
         )
-        self.cpu_kernels: object = None  # set by use_cpu_kernels
+        self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(linear(x, self.weight, None, self.cpu_kernels))

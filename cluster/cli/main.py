@@ -1,4 +1,4 @@
-"""`kvray` command line: serve | generate | bench throughput | bench serve | config.
+"""`kvray` command line: serve | generate | bench throughput | serve | kernels | config.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
 this file only wires them together, and imports them lazily so `kvray --help` is instant.
@@ -20,6 +20,11 @@ _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("config",), "cluster.cli.config", "write the Serve config YAML that `serve deploy` takes"),
     (("bench", "throughput"), "cluster.bench.throughput", "offline throughput vs transformers"),
     (("bench", "serve"), "cluster.bench.serve", "online latency/throughput against a server"),
+    (
+        ("bench", "kernels"),
+        "cluster.bench.kernels",
+        "the CPU kernels against torch's ops, per step size",
+    ),
 ]
 
 
@@ -36,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         subs = top
         if len(path) == 2:
             if path[0] not in groups:
-                group = top.add_parser(path[0], help="benchmarks (throughput | serve)")
+                group = top.add_parser(path[0], help="benchmarks (throughput | serve | kernels)")
                 groups[path[0]] = group.add_subparsers(
                     dest="subcommand", metavar="SUBCOMMAND", required=True
                 )

@@ -1,0 +1,208 @@
+"""`kvray bench kernels`: the CPU kernels (workers/layers/cpu_kernels.py) against the torch
+ops they replace, per step size, side by side in one process.
+
+For each row count (the tokens of a decode step: one per sequence) it times, with random
+tensors of the model's shapes (no weights are loaded):
+- linear: every layer's projections and the LM head, torch's `linear` (the BLAS) against the
+  skinny kernel; each layer gets its own weights, so they stream from memory as in a step;
+- decode attention: the torch-native path (gather of the paged K/V, SDPA with a length
+  mask) against the C kernel, contexts uniform around --context;
+- small ops: every layer's RMSNorms, rotary and SiLU-and-mul, torch against the kernels.
+It prints ms per forward's worth of each and the ratio torch / kernel (above 1: the kernel is
+faster). The engine uses the skinny kernel only for `workers.layers.linear.SKINNY_ROWS`.
+
+Kept free of torch at import: this module is reachable from `kvray --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 16
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a(
+        "--model",
+        default=None,
+        help="model whose shapes to use: HF checkpoint directory (default: the built-in demo "
+        "model) or random:qwen3-100m / random:qwen3-0.6b (shapes only, nothing is written)",
+    )
+    a(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8, 16, 24, 32, 64, 128],
+        help="step sizes (tokens = decode sequences) to time (default: 1 4 8 16 24 32 64 128)",
+    )
+    a("--context", type=int, default=128, help="mean context of a decode sequence (default 128)")
+    a("--repeats", type=int, default=7, help="timed repeats per figure; the best is kept")
+    a("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from cluster.bench.roofline import ModelShape
+    from workers.layers.cpu_kernels import kernel
+
+    if any(r < 1 for r in args.rows) or args.context < 1 or args.repeats < 1:
+        raise SystemExit("--rows, --context and --repeats must be positive")
+    lib = kernel()
+    if lib is None:
+        print("the CPU kernels are unavailable here (no C compiler?): nothing to compare")
+        return 1
+    shape = _shape(args.model, ModelShape)
+    torch.manual_seed(args.seed)
+    print(
+        f"kvray bench kernels: {shape.layers} layers, hidden {shape.hidden}, heads "
+        f"{shape.heads}/{shape.kv_heads} x {shape.head_dim}, intermediate {shape.intermediate}, "
+        f"vocab {shape.vocab}; float32 on cpu, {torch.get_num_threads()} torch threads; "
+        f"ms per forward (best of {args.repeats}), torch / kernel"
+    )
+    header = f"{'rows':>5}  {'linear':>22}  {'decode attention':>22}  {'norms+rotary+silu':>22}"
+    print(header)
+    print("-" * len(header))
+    weights = _weights(shape)
+    for rows in args.rows:
+        cells = [
+            _linear(lib, shape, weights, rows, args.repeats),
+            _attention(lib, shape, rows, args.context, args.repeats),
+            _small_ops(lib, shape, rows, args.repeats),
+        ]
+        print(f"{rows:>5}  " + "  ".join(_cell(*c) for c in cells))
+    return 0
+
+
+def _shape(model: str | None, model_shape: Any) -> Any:
+    if model and model.startswith("random:"):
+        from cluster.bench.random_model import PRESETS
+
+        name = model.split(":", 1)[1]
+        if name not in PRESETS:
+            raise SystemExit(f"unknown random model {name!r}; presets: {', '.join(PRESETS)}")
+        hidden, layers, heads, kv_heads, head_dim, inter, vocab = PRESETS[name]
+        return model_shape(hidden, layers, heads, kv_heads, head_dim, inter, vocab)
+    if model:
+        return model_shape.from_dir(Path(model))
+    from workers.demo import demo_model_dir
+
+    return model_shape.from_dir(demo_model_dir())
+
+
+def _weights(s: Any) -> list[Any]:
+    import torch
+
+    per_layer = [
+        ((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden),  # qkv
+        (s.hidden, s.heads * s.head_dim),  # o
+        (2 * s.intermediate, s.hidden),  # gate/up
+        (s.hidden, s.intermediate),  # down
+    ]
+    ws = [torch.randn(n, k) * 0.02 for _ in range(s.layers) for n, k in per_layer]
+    return [*ws, torch.randn(s.vocab, s.hidden) * 0.02]  # LM head
+
+
+def _best(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm: first-call allocations and thread start-up are not the op's cost
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def _linear(lib: Any, s: Any, weights: list[Any], rows: int, repeats: int) -> tuple[float, ...]:
+    import torch
+    from torch.nn import functional as F
+
+    from workers.layers.cpu_kernels import skinny_linear
+
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    with torch.inference_mode():
+        t = _best(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], repeats)
+        k = _best(lambda: [skinny_linear(lib, xs[w.shape[1]], w, None) for w in weights], repeats)
+    return t, k
+
+
+def _attention(lib: Any, s: Any, rows: int, context: int, repeats: int) -> tuple[float, ...]:
+    import torch
+    from torch.nn import functional as F
+
+    from workers.layers.cpu_kernels import paged_decode_attention_cpu
+
+    lens = torch.randint(max(1, context // 2), context + context // 2 + 1, (rows,))
+    max_blocks = -(-int(lens.max()) // BLOCK_SIZE)
+    num_blocks = rows * max_blocks
+    caches = [
+        (
+            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
+            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
+        )
+        for _ in range(s.layers)
+    ]
+    tables = torch.randperm(num_blocks).view(rows, max_blocks)  # scattered, as in a pool
+    q = torch.randn(rows, s.heads, s.head_dim)
+    mask = (torch.arange(max_blocks * BLOCK_SIZE)[None, :] < lens[:, None])[:, None, None, :]
+    scale = s.head_dim**-0.5
+
+    def torch_path() -> None:  # workers/layers/attention.py's decode branch without a kernel
+        for kc, vc in caches:
+            kd = kc[tables].flatten(1, 2).transpose(1, 2)
+            vd = vc[tables].flatten(1, 2).transpose(1, 2)
+            F.scaled_dot_product_attention(
+                q.unsqueeze(2), kd, vd, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+
+    def kernel_path() -> None:
+        for kc, vc in caches:
+            paged_decode_attention_cpu(lib, q, kc, vc, tables, lens, scale)
+
+    with torch.inference_mode():
+        return _best(torch_path, repeats), _best(kernel_path, repeats)
+
+
+def _small_ops(lib: Any, s: Any, rows: int, repeats: int) -> tuple[float, ...]:
+    import torch
+
+    from workers.config import RopeConfig
+    from workers.layers.cpu_kernels import silu_and_mul_cpu
+    from workers.layers.norm import RMSNorm
+    from workers.layers.rotary import RotaryEmbedding
+
+    norm = RMSNorm(s.hidden, 1e-6, torch.float32)
+    head_norm = RMSNorm(s.head_dim, 1e-6, torch.float32)
+    rope = RotaryEmbedding(RopeConfig(), s.head_dim, 4096, torch.float32)
+    x = torch.randn(rows, s.hidden)
+    qkv = torch.randn(rows, (s.heads + 2 * s.kv_heads) * s.head_dim)
+    gate_up = torch.randn(rows, 2 * s.intermediate)
+    positions = torch.randint(0, 4096, (rows,))
+    q_size, kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+
+    def layer_ops(use_kernels: bool) -> None:  # one layer's worth, as llama.py runs them
+        for module in (norm, head_norm, rope):
+            module.cpu_kernels = lib if use_kernels else None
+        for _ in range(s.layers):
+            norm(x)
+            q = head_norm(qkv[:, :q_size].view(rows, s.heads, s.head_dim))
+            k = head_norm(qkv[:, q_size : q_size + kv_size].view(rows, s.kv_heads, s.head_dim))
+            rope(positions, q, k)
+            norm(x)
+            if use_kernels:
+                silu_and_mul_cpu(lib, gate_up)
+            else:
+                gate, up = gate_up.split(s.intermediate, dim=-1)
+                torch.nn.functional.silu(gate) * up
+
+    with torch.inference_mode():
+        return _best(lambda: layer_ops(False), repeats), _best(lambda: layer_ops(True), repeats)
+
+
+def _cell(torch_ms: float, kernel_ms: float) -> str:
+    return f"{torch_ms:7.2f} / {kernel_ms:6.2f} {torch_ms / kernel_ms:4.2f}x"

@@ -51,6 +51,13 @@ def prepare_inputs(
     """`cpu_kernel`: the loaded CPU decode-attention kernel, or None for the torch path."""
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
+    kernel_prefills: list[SeqState] = []
+    if cpu_kernel is not None:
+        # Chunks over a computed prefix (a prefix-cache hit, a later chunk of a long prompt)
+        # attend through the kernel too, one row per query token right after the decodes:
+        # SDPA would need their context gathered and an explicit mask (its math path).
+        kernel_prefills = [s for s in prefills if s.num_computed_tokens > 0]
+        prefills = [s for s in prefills if s.num_computed_tokens == 0]
     bs = block_size
 
     ids: list[int] = []
@@ -61,19 +68,24 @@ def prepare_inputs(
 
     d = len(decodes)
     decode_tables = decode_mask = decode_lens = None
+    # Block-table rows: decodes, then (kernel path) each kernel chunk's query tokens; a row
+    # attends to its sequence's positions 0..p (lens = p + 1) through the sequence's table.
+    kernel_rows = d + sum(s.num_scheduled for s in kernel_prefills)
+    if kernel_rows:
+        lens = np.empty(kernel_rows, dtype=np.int64)
+        max_blocks = max(len(s.block_ids) for s in (*decodes, *kernel_prefills))
+        tables = np.zeros((kernel_rows, max_blocks), dtype=np.int64)
     if d:
         ctx = np.fromiter((s.num_computed_tokens for s in decodes), dtype=np.int64, count=d)
         ids.extend(s.token_ids[s.num_computed_tokens] for s in decodes)
-        max_blocks = max(len(s.block_ids) for s in decodes)
-        tables = np.zeros((d, max_blocks), dtype=np.int64)
         for r, s in enumerate(decodes):
             tables[r, : len(s.block_ids)] = s.block_ids
         pos_parts.append(ctx)
         slot_parts.append(tables[np.arange(d), ctx // bs] * bs + ctx % bs)
-        decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
         if cpu_kernel is not None:
-            decode_lens = torch.from_numpy(ctx + 1)
+            lens[:d] = ctx + 1
         else:
+            decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
             # Causal: a decode at position p attends to positions 0..p.
             mask = np.arange(max_blocks * bs)[None, :] <= ctx[:, None]
             decode_mask = torch.from_numpy(mask).to(device, non_blocking=True)[:, None, None, :]
@@ -81,17 +93,23 @@ def prepare_inputs(
             if s.num_computed_tokens + 1 == len(s.token_ids):
                 logits_idx.append(r)
                 sample_states.append(s)
+    row = d
+    for s in kernel_prefills:
+        start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
+        tables[row : row + n, : len(blocks)] = blocks
+        lens[row : row + n] = pos + 1
+        row += n
+        if end == len(s.token_ids):
+            logits_idx.append(row - 1)
+            sample_states.append(s)
+    if kernel_rows and cpu_kernel is not None:
+        decode_tables = torch.from_numpy(tables)
+        decode_lens = torch.from_numpy(lens)
 
     prefill_meta: list[PrefillSeq] = []
-    offset = d
+    offset = kernel_rows
     for s in prefills:
-        start, n = s.num_computed_tokens, s.num_scheduled
-        end = start + n
-        ids.extend(s.token_ids[start:end])
-        pos = np.arange(start, end, dtype=np.int64)
-        blocks = np.asarray(s.block_ids, dtype=np.int64)
-        pos_parts.append(pos)
-        slot_parts.append(blocks[pos // bs] * bs + pos % bs)
+        start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
         if start == 0:
             slots = mask = None
         else:
@@ -110,6 +128,7 @@ def prepare_inputs(
     meta = AttentionMetadata(
         slot_mapping=torch.from_numpy(slots_all).to(device),
         num_decodes=d,
+        num_kernel_rows=kernel_rows if cpu_kernel is not None else 0,
         decode_block_tables=decode_tables,
         decode_mask=decode_mask,
         prefills=prefill_meta,
@@ -123,3 +142,22 @@ def prepare_inputs(
         logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=device),
         sample_states=sample_states,
     )
+
+
+def _add_chunk(
+    s: SeqState,
+    bs: int,
+    ids: list[int],
+    pos_parts: list[np.ndarray],
+    slot_parts: list[np.ndarray],
+) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+    """Appends a prefill chunk's tokens, positions and KV slots to the flat batch; returns
+    (start, n, end, positions, block ids)."""
+    start, n = s.num_computed_tokens, s.num_scheduled
+    end = start + n
+    ids.extend(s.token_ids[start:end])
+    pos = np.arange(start, end, dtype=np.int64)
+    blocks = np.asarray(s.block_ids, dtype=np.int64)
+    pos_parts.append(pos)
+    slot_parts.append(blocks[pos // bs] * bs + pos % bs)
+    return start, n, end, pos, blocks

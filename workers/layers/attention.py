@@ -8,7 +8,10 @@ the step's tokens are first written into the block pool through `slot_mapping`; 
   context (cached prefix + the chunk). A chunk with no cached prefix attends to its own
   fresh K/V directly (no gather).
 This is the torch-native path that runs on CPU and CUDA; a fused CUDA kernel can replace
-`PagedAttention.forward` behind the same metadata.
+`PagedAttention.forward` behind the same metadata. On CPU in float32 the C kernel
+(workers/layers/cpu_kernels.py) reads K/V in place instead: for the decodes and, one row per
+query token, for the prefill chunks over a computed prefix, which the batch then lays out
+right after the decodes; chunks with no prefix keep SDPA.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ class PrefillSeq:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
     num_decodes: int
-    decode_block_tables: torch.Tensor | None  # [D, max_blocks]
+    decode_block_tables: torch.Tensor | None  # [D, max_blocks] ([R, ...] on the kernel path)
     decode_mask: torch.Tensor | None  # [D, 1, 1, L] bool (torch-native path)
     prefills: list[PrefillSeq]
-    decode_lens: torch.Tensor | None = None  # [D] tokens attended (CPU kernel path)
+    decode_lens: torch.Tensor | None = None  # [R] tokens attended (CPU kernel path)
     cpu_kernel: object | None = None  # the loaded CPU decode kernel, when it is used
+    # CPU kernel path: the first R tokens of the batch -- the decodes, then the query tokens
+    # of prefill chunks over a computed prefix -- attend through the kernel, a row each.
+    num_kernel_rows: int = 0
 
 
 class PagedAttention(nn.Module):
@@ -68,10 +74,11 @@ class PagedAttention(nn.Module):
 
         out = torch.empty_like(q)
         d = meta.num_decodes
-        if d and meta.cpu_kernel is not None:
-            out[:d] = paged_decode_attention_cpu(
+        if meta.num_kernel_rows:
+            r = meta.num_kernel_rows
+            out[:r] = paged_decode_attention_cpu(
                 meta.cpu_kernel,
-                q[:d],
+                q[:r],
                 k_cache,
                 v_cache,
                 meta.decode_block_tables,

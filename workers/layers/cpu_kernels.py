@@ -70,7 +70,7 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(out))
     lib.paged_decode_attention.restype = None
     lib.paged_decode_attention.argtypes = (
-        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_float]
     )
     lib.skinny_gemm.restype = None
     lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
@@ -110,7 +110,8 @@ def paged_decode_attention_cpu(
     max_len = max_blocks * bs
     q = q.contiguous()
     out = torch.empty_like(q)
-    scratch = torch.empty(d * h * max_len, dtype=torch.float32)
+    threads = max(1, torch.get_num_threads())
+    scratch = torch.empty(threads * h * max_len, dtype=torch.float32)
     lib.paged_decode_attention(
         q.data_ptr(),
         k_cache.data_ptr(),
@@ -126,6 +127,7 @@ def paged_decode_attention_cpu(
         bs,
         max_blocks,
         max_len,
+        threads,
         scale,
     )
     return out

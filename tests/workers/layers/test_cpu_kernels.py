@@ -189,3 +189,49 @@ def test_rotary_takes_int32_positions(lib):
     oq, ok = rope(positions.to(torch.int32), q.clone(), k.clone())
     torch.testing.assert_close(oq, eq, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)
+
+
+def test_chunks_over_a_computed_prefix_become_kernel_rows_after_the_decodes(lib):
+    from workers.model_runner import SeqState, prepare_inputs
+    from workers.sampling_params import SamplingParams
+
+    def state(name: str, length: int, computed: int, scheduled: int, blocks: list[int]):
+        s = SeqState(name, length, list(range(length)), SamplingParams(), blocks)
+        s.num_computed_tokens, s.num_scheduled = computed, scheduled
+        return s
+
+    fresh = state("fresh", 20, 0, 20, [7, 8])  # no prefix: SDPA
+    decode = state("decode", 31, 30, 1, [1, 2])  # position 30 of a 31-token sequence
+    cached = state("cached", 40, 32, 8, [3, 4, 5])  # 32 cached tokens, 8 to compute
+    inp = prepare_inputs([fresh, decode, cached], BLOCK, torch.device("cpu"), lib)
+    meta = inp.meta
+    assert (meta.num_decodes, meta.num_kernel_rows) == (1, 9)
+    assert meta.decode_lens.tolist() == [31, *range(33, 41)]  # causal: position + 1
+    assert meta.decode_block_tables[1:].tolist() == [[3, 4, 5]] * 8
+    assert meta.decode_block_tables[0].tolist() == [1, 2, 0]
+    assert [p.q_start for p in meta.prefills] == [9]  # the fresh chunk, after the rows
+    assert inp.positions.tolist() == [30, *range(32, 40), *range(20)]
+    assert [s.seq_id for s in inp.sample_states] == ["decode", "cached", "fresh"]
+    assert inp.logits_indices.tolist() == [0, 8, 28]
+
+
+def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
+    from workers import LLM, SamplingParams
+
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(10, 3000, (80,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40)]
+    prompts.append(torch.randint(10, 3000, (150,), generator=gen).tolist())  # chunked
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = []
+    for use_kernel in (True, False):
+        # 64-token steps: the long prompt's later chunks, and the prefix hits, attend over a
+        # computed prefix -- kernel rows on one side, gathered SDPA on the other.
+        llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
+        if not use_kernel:
+            llm.engine.executor.worker.cpu_kernel = None
+        llm.generate(prompts[:1], params, use_tqdm=False)  # caches the prefix
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        assert llm.stats().prefix_cache_hits > 0
+        llm.engine.shutdown()
+    assert outs[0] == outs[1]

@@ -72,7 +72,7 @@ def prepare_inputs(
     # attends to its sequence's positions 0..p (lens = p + 1) through the sequence's table.
     kernel_rows = d + sum(s.num_scheduled for s in kernel_prefills)
     if kernel_rows:
-        lens = np.empty(kernel_rows, dtype=np.int64)
+        lens = np.empty(kernel_rows, dtype=np.int64) if cpu_kernel is not None else None
         max_blocks = max(len(s.block_ids) for s in (*decodes, *kernel_prefills))
         tables = np.zeros((kernel_rows, max_blocks), dtype=np.int64)
     if d:

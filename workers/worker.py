@@ -15,6 +15,7 @@ import torch
 
 from workers.config import EngineConfig
 from workers.distributed import TPGroup
+from workers.layers.sampler import greedy_tokens
 from workers.loader import load_weights
 from workers.model_runner import SeqState, prepare_inputs
 from workers.models import build_model
@@ -185,9 +186,7 @@ class Worker:
                 rows_t = torch.tensor(grammar[0], dtype=torch.long, device=logits.device)
                 bits = grammar[1].to(logits.device, non_blocking=True)
                 logits = mask_disallowed(logits.float(), rows_t, bits)
-            # max's indices are argmax's (first maximum, NaN wins too), at half the time on
-            # CPU: 160 against 370 us for 128 rows of the demo's vocabulary.
-            return StepOutput(ids, logits.max(dim=-1).indices.tolist())
+            return StepOutput(ids, greedy_tokens(logits).tolist())
         return self._sample(logits, rows, ids, step.grammar)
 
     def _sample(

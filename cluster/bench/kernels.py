@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cluster.bench.roofline import ModelShape
+
 BLOCK_SIZE = 16
 
 
@@ -48,7 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from cluster.bench.roofline import ModelShape
     from workers.layers.cpu_kernels import kernel
 
     if any(r < 1 for r in args.rows) or args.context < 1 or args.repeats < 1:
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if lib is None:
         print("the CPU kernels are unavailable here (no C compiler?): nothing to compare")
         return 1
-    shape = _shape(args.model, ModelShape)
+    shape = _shape(args.model)
     torch.manual_seed(args.seed)
     print(
         f"kvray bench kernels: {shape.layers} layers, hidden {shape.hidden}, heads "
@@ -79,20 +80,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shape(model: str | None, model_shape: Any) -> Any:
+def _shape(model: str | None) -> ModelShape:
     if model and model.startswith("random:"):
         from cluster.bench.random_model import PRESETS
 
         name = model.split(":", 1)[1]
         if name not in PRESETS:
             raise SystemExit(f"unknown random model {name!r}; presets: {', '.join(PRESETS)}")
-        hidden, layers, heads, kv_heads, head_dim, inter, vocab = PRESETS[name]
-        return model_shape(hidden, layers, heads, kv_heads, head_dim, inter, vocab)
+        return ModelShape(*PRESETS[name])  # both in ModelShape's field order
     if model:
-        return model_shape.from_dir(Path(model))
+        return ModelShape.from_dir(Path(model))
     from workers.demo import demo_model_dir
 
-    return model_shape.from_dir(demo_model_dir())
+    return ModelShape.from_dir(demo_model_dir())
 
 
 def _weights(s: Any) -> list[Any]:

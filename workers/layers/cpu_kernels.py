@@ -30,7 +30,6 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = tuple(sorted(_CSRC.glob("*.c")))
 
 
 def _cache_dir() -> Path:
@@ -41,9 +40,10 @@ def _cache_dir() -> Path:
 def _build() -> ctypes.CDLL | None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.warning("no C compiler found: using the torch-native paged attention on CPU")
+        log.warning("no C compiler found: using the torch paths on CPU")
         return None
-    src = b"".join(path.read_bytes() for path in _SOURCES)
+    sources = sorted(_CSRC.glob("*.c"))
+    src = b"".join(path.read_bytes() for path in sources)
     # -ffast-math only when compiling (vectorised exp, reassociated sums): linked with it,
     # a shared library sets flush-to-zero for the whole process when it loads.
     cflags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-ffast-math"]
@@ -53,9 +53,9 @@ def _build() -> ctypes.CDLL | None:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            objs = {src: Path(tmp) / f"{src.stem}.o" for src in _SOURCES}
+            objs = {path: Path(tmp) / f"{path.stem}.o" for path in sources}
             tmp_out = Path(tmp) / out.name
-            compiles = [[cc, *cflags, "-c", str(src), "-o", str(o)] for src, o in objs.items()]
+            compiles = [[cc, *cflags, "-c", str(c), "-o", str(o)] for c, o in objs.items()]
             link = [cc, *ldflags, *map(str, objs.values()), "-o", str(tmp_out), "-lm"]
             for cmd in (*compiles, link):
                 proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -89,7 +89,11 @@ def _shape(model: str | None) -> ModelShape:
             raise SystemExit(f"unknown random model {name!r}; presets: {', '.join(PRESETS)}")
         return ModelShape(*PRESETS[name])  # both in ModelShape's field order
     if model:
-        return ModelShape.from_dir(Path(model))
+        try:
+            return ModelShape.from_dir(Path(model))
+        except (OSError, ValueError, KeyError) as e:
+            msg = f"--model {model}: not a checkpoint with a readable config.json ({e})"
+            raise SystemExit(msg) from None
     from workers.demo import demo_model_dir
 
     return ModelShape.from_dir(demo_model_dir())

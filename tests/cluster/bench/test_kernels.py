@@ -24,6 +24,7 @@ def test_prints_one_row_per_step_size(capsys):
     [
         (["--rows", "0"], "must be positive"),
         (["--model", "random:qwen3-7t"], "unknown random model"),
+        (["--model", "/no/such/checkpoint"], "not a checkpoint with a readable config.json"),
     ],
 )
 def test_bad_flags_are_named(argv, message):

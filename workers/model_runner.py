@@ -53,11 +53,12 @@ def prepare_inputs(
     prefills = [s for s in states if s.num_scheduled > 1]
     kernel_prefills: list[SeqState] = []
     if cpu_kernel is not None:
-        # Chunks over a computed prefix (a prefix-cache hit, a later chunk of a long prompt)
-        # attend through the kernel too, one row per query token right after the decodes:
-        # SDPA would need their context gathered and an explicit mask (its math path).
-        kernel_prefills = [s for s in prefills if s.num_computed_tokens > 0]
-        prefills = [s for s in prefills if s.num_computed_tokens == 0]
+        # Prefill chunks attend through the kernel too, one row per query token right after
+        # the decodes. Over a computed prefix SDPA would need the context gathered and an
+        # explicit mask (its math path); fresh chunks too measured faster as kernel rows
+        # than one SDPA call each (README, "CPU kernels": +5-10 % on the demo workload,
+        # 1.35x on 1,000-2,000-token prompts).
+        kernel_prefills, prefills = prefills, []
     bs = block_size
 
     ids: list[int] = []

@@ -10,8 +10,8 @@ the step's tokens are first written into the block pool through `slot_mapping`; 
 This is the torch-native path that runs on CPU and CUDA; a fused CUDA kernel can replace
 `PagedAttention.forward` behind the same metadata. On CPU in float32 the C kernel
 (workers/layers/cpu_kernels.py) reads K/V in place instead: for the decodes and, one row per
-query token, for the prefill chunks over a computed prefix, which the batch then lays out
-right after the decodes; chunks with no prefix keep SDPA.
+query token, for every prefill chunk, which the batch then lays out right after the decodes
+(`meta.prefills` is empty there).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class AttentionMetadata:
     decode_lens: torch.Tensor | None = None  # [R] tokens attended (CPU kernel path)
     cpu_kernel: object | None = None  # the loaded CPU decode kernel, when it is used
     # CPU kernel path: the first R tokens of the batch -- the decodes, then the query tokens
-    # of prefill chunks over a computed prefix -- attend through the kernel, a row each.
+    # of the prefill chunks -- attend through the kernel, a row each.
     num_kernel_rows: int = 0
 
 

@@ -191,7 +191,7 @@ def test_rotary_takes_int32_positions(lib):
     torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)
 
 
-def test_chunks_over_a_computed_prefix_become_kernel_rows_after_the_decodes(lib):
+def test_prefill_chunks_become_kernel_rows_after_the_decodes(lib):
     from workers.model_runner import SeqState, prepare_inputs
     from workers.sampling_params import SamplingParams
 
@@ -200,19 +200,21 @@ def test_chunks_over_a_computed_prefix_become_kernel_rows_after_the_decodes(lib)
         s.num_computed_tokens, s.num_scheduled = computed, scheduled
         return s
 
-    fresh = state("fresh", 20, 0, 20, [7, 8])  # no prefix: SDPA
+    fresh = state("fresh", 20, 0, 20, [7, 8])  # no prefix
     decode = state("decode", 31, 30, 1, [1, 2])  # position 30 of a 31-token sequence
     cached = state("cached", 40, 32, 8, [3, 4, 5])  # 32 cached tokens, 8 to compute
     inp = prepare_inputs([fresh, decode, cached], BLOCK, torch.device("cpu"), lib)
     meta = inp.meta
-    assert (meta.num_decodes, meta.num_kernel_rows) == (1, 9)
-    assert meta.decode_lens.tolist() == [31, *range(33, 41)]  # causal: position + 1
-    assert meta.decode_block_tables[1:].tolist() == [[3, 4, 5]] * 8
-    assert meta.decode_block_tables[0].tolist() == [1, 2, 0]
-    assert [p.q_start for p in meta.prefills] == [9]  # the fresh chunk, after the rows
-    assert inp.positions.tolist() == [30, *range(32, 40), *range(20)]
-    assert [s.seq_id for s in inp.sample_states] == ["decode", "cached", "fresh"]
-    assert inp.logits_indices.tolist() == [0, 8, 28]
+    assert (meta.num_decodes, meta.num_kernel_rows, meta.prefills) == (1, 29, [])
+    assert meta.decode_lens.tolist() == [31, *range(1, 21), *range(33, 41)]  # position + 1
+    assert meta.decode_block_tables.tolist() == [[1, 2, 0]] + [[7, 8, 0]] * 20 + [[3, 4, 5]] * 8
+    assert inp.positions.tolist() == [30, *range(20), *range(32, 40)]
+    assert [s.seq_id for s in inp.sample_states] == ["decode", "fresh", "cached"]
+    assert inp.logits_indices.tolist() == [0, 20, 28]
+
+    torch_path = prepare_inputs([fresh, decode, cached], BLOCK, torch.device("cpu"))
+    assert torch_path.meta.num_kernel_rows == 0
+    assert [p.q_start for p in torch_path.meta.prefills] == [1, 21]
 
 
 def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
@@ -225,8 +227,8 @@ def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs = []
     for use_kernel in (True, False):
-        # 64-token steps: the long prompt's later chunks, and the prefix hits, attend over a
-        # computed prefix -- kernel rows on one side, gathered SDPA on the other.
+        # 64-token steps: fresh chunks, the long prompt's later chunks and the prefix hits --
+        # kernel rows on one side, SDPA (gathered context over a prefix) on the other.
         llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
         if not use_kernel:
             llm.engine.executor.worker.cpu_kernel = None

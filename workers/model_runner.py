@@ -53,12 +53,14 @@ def prepare_inputs(
     prefills = [s for s in states if s.num_scheduled > 1]
     kernel_prefills: list[SeqState] = []
     if cpu_kernel is not None:
-        # Prefill chunks attend through the kernel too, one row per query token right after
-        # the decodes. Over a computed prefix SDPA would need the context gathered and an
-        # explicit mask (its math path); fresh chunks too measured faster as kernel rows
-        # than one SDPA call each (README, "CPU kernels": +5-10 % on the demo workload,
-        # 1.35x on 1,000-2,000-token prompts).
-        kernel_prefills, prefills = prefills, []
+        # Prefill chunks attend through the CPU kernels too, laid out right after the
+        # decodes: chunks over a short context as rows of the decode kernel (a row per query
+        # token), then the others, whose blocks of query tokens share each K/V read in the
+        # prefill kernel (workers/layers/attention.py). Over a computed prefix SDPA would
+        # need the context gathered and an explicit mask (its math path); fresh chunks too
+        # measured faster this way than one SDPA call each (README, "CPU kernels").
+        kernel_prefills = sorted(prefills, key=_attends_blockwise)  # stable: rows first
+        prefills = []
     bs = block_size
 
     ids: list[int] = []
@@ -95,10 +97,16 @@ def prepare_inputs(
                 logits_idx.append(r)
                 sample_states.append(s)
     row = d
+    num_row_rows = d  # rows through the decode kernel: decodes, then short-context chunks
+    chunks: list[tuple[int, int, int]] = []  # prefill kernel: (first row, length, position)
     for s in kernel_prefills:
         start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
         tables[row : row + n, : len(blocks)] = blocks
         lens[row : row + n] = pos + 1
+        if _attends_blockwise(s):
+            chunks.append((row, n, start))
+        else:
+            num_row_rows += n
         row += n
         if end == len(s.token_ids):
             logits_idx.append(row - 1)
@@ -135,6 +143,8 @@ def prepare_inputs(
         prefills=prefill_meta,
         decode_lens=decode_lens,
         cpu_kernel=cpu_kernel,
+        num_row_kernel_rows=num_row_rows if cpu_kernel is not None else 0,
+        prefill_chunks=torch.tensor(chunks, dtype=torch.int64) if chunks else None,
     )
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
@@ -143,6 +153,20 @@ def prepare_inputs(
         logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=device),
         sample_states=sample_states,
     )
+
+
+# CPU: prefill chunks whose context (cached prefix + chunk) reaches this many tokens attend
+# through the prefill kernel, shorter ones a row per token through the decode kernel. Measured
+# per chunk length and prefix, 2 threads, demo and 100M checkpoint head shapes (README, "CPU
+# kernels"): with no prefix, rows won up to 64 tokens (1.2-4x at 8-32) and the prefill kernel
+# from 96-128 (1.1-1.4x at 128, 2x at 512); over a 256-token prefix the prefill kernel won
+# from 4 tokens (1.2x; 1.9x at 64).
+PREFILL_KERNEL_MIN_CONTEXT = 128
+
+
+def _attends_blockwise(s: SeqState) -> bool:
+    """Whether a prefill chunk goes through the CPU prefill kernel (not a row per token)."""
+    return s.num_computed_tokens + s.num_scheduled >= PREFILL_KERNEL_MIN_CONTEXT
 
 
 def _add_chunk(

@@ -11,6 +11,11 @@ tensors of the model's shapes (no weights are loaded):
 It prints ms per forward's worth of each and the ratio torch / kernel (above 1: the kernel is
 faster). The engine uses the skinny kernel only for `workers.layers.linear.SKINNY_ROWS`.
 
+Then, per prefill chunk length (--chunk-lens, over a cached prefix of --prefix tokens), every
+layer's attention of one chunk three ways: torch's SDPA (the torch-native path), the decode
+kernel a row per query token, and the prefill kernel; the engine picks between the last two
+by context (`workers.model_runner.PREFILL_KERNEL_MIN_CONTEXT`).
+
 Kept free of torch at import: this module is reachable from `kvray --help`.
 """
 
@@ -43,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="step sizes (tokens = decode sequences) to time (default: 1 4 8 16 24 32 64 128)",
     )
     a("--context", type=int, default=128, help="mean context of a decode sequence (default 128)")
+    a(
+        "--chunk-lens",
+        type=int,
+        nargs="+",
+        default=[16, 64, 128, 512, 2048],
+        help="prefill chunk lengths to time (default: 16 64 128 512 2048)",
+    )
+    a("--prefix", type=int, default=0, help="cached tokens before each chunk (default 0)")
     a("--repeats", type=int, default=7, help="timed repeats per figure; the best is kept")
     a("--seed", type=int, default=0)
 
@@ -54,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     if any(r < 1 for r in args.rows) or args.context < 1 or args.repeats < 1:
         raise SystemExit("--rows, --context and --repeats must be positive")
+    if any(n < 1 for n in args.chunk_lens) or args.prefix < 0:
+        raise SystemExit("--chunk-lens must be positive and --prefix at least 0")
     lib = kernel()
     if lib is None:
         print("the CPU kernels are unavailable here (no C compiler?): nothing to compare")
@@ -77,6 +92,20 @@ def run(args: argparse.Namespace) -> int:
             _small_ops(lib, shape, rows, args.repeats),
         ]
         print(f"{rows:>5}  " + "  ".join(_cell(*c) for c in cells))
+    print()
+    print(
+        f"prefill attention of one chunk over {args.prefix} cached tokens, ms per forward: "
+        "SDPA, then each kernel and SDPA / kernel"
+    )
+    header = f"{'chunk':>5}  {'SDPA':>7}  {'rows (decode kernel)':>21}  {'prefill kernel':>21}"
+    print(header)
+    print("-" * len(header))
+    for n in args.chunk_lens:
+        sdpa, rows_ms, blocks = _prefill(lib, shape, n, args.prefix, args.repeats)
+        print(
+            f"{n:>5}  {sdpa:7.2f}  {rows_ms:12.2f} {sdpa / rows_ms:7.2f}x  "
+            f"{blocks:12.2f} {sdpa / blocks:7.2f}x"
+        )
     return 0
 
 
@@ -170,6 +199,61 @@ def _attention(lib: Any, s: Any, rows: int, context: int, repeats: int) -> tuple
 
     with torch.inference_mode():
         return _best(torch_path, repeats), _best(kernel_path, repeats)
+
+
+def _prefill(lib: Any, s: Any, n: int, prefix: int, repeats: int) -> tuple[float, ...]:
+    import torch
+    from torch.nn import functional as F
+
+    from workers.layers.cpu_kernels import (
+        paged_decode_attention_cpu,
+        paged_prefill_attention_cpu,
+    )
+
+    ctx = prefix + n
+    num_blocks = -(-ctx // BLOCK_SIZE)
+    caches = [
+        (
+            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
+            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
+        )
+        for _ in range(s.layers)
+    ]
+    table = torch.randperm(num_blocks)  # scattered, as in a pool
+    tables = table.expand(n, num_blocks).contiguous()  # a row per query token
+    lens = torch.arange(prefix + 1, ctx + 1)
+    chunks = torch.tensor([[0, n, prefix]])
+    positions = torch.arange(ctx)
+    slots = table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
+    mask = positions[None, :] <= lens[:, None] - 1 if prefix else None
+    q = torch.randn(n, s.heads, s.head_dim)
+    out = torch.empty_like(q)
+    scale = s.head_dim**-0.5
+
+    def sdpa() -> None:  # workers/layers/attention.py's prefill branch without a kernel
+        for kc, vc in caches:
+            k = kc.flatten(0, 1)[slots].transpose(0, 1)
+            v = vc.flatten(0, 1)[slots].transpose(0, 1)
+            F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k[None],
+                v[None],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=scale,
+                enable_gqa=True,
+            )
+
+    def rows() -> None:
+        for kc, vc in caches:
+            paged_decode_attention_cpu(lib, q, kc, vc, tables, lens, scale)
+
+    def blocks() -> None:
+        for kc, vc in caches:
+            paged_prefill_attention_cpu(lib, q, kc, vc, tables, chunks, out, scale)
+
+    with torch.inference_mode():
+        return _best(sdpa, repeats), _best(rows, repeats), _best(blocks, repeats)
 
 
 def _small_ops(lib: Any, s: Any, rows: int, repeats: int) -> tuple[float, ...]:

@@ -9,9 +9,11 @@ the step's tokens are first written into the block pool through `slot_mapping`; 
   fresh K/V directly (no gather).
 This is the torch-native path that runs on CPU and CUDA; a fused CUDA kernel can replace
 `PagedAttention.forward` behind the same metadata. On CPU in float32 the C kernel
-(workers/layers/cpu_kernels.py) reads K/V in place instead: for the decodes and, one row per
-query token, for every prefill chunk, which the batch then lays out right after the decodes
-(`meta.prefills` is empty there).
+(workers/layers/cpu_kernels.py) reads K/V in place instead: for the decodes, a row each, and for
+every prefill chunk, which the batch lays out right after the decodes (`meta.prefills` is
+empty there): a chunk over a short context as rows of the decode kernel, a row per query
+token; the others through the prefill kernel (csrc/paged_prefill_attention.c), where blocks
+of query tokens share each K/V read.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from workers.layers.cpu_kernels import paged_decode_attention_cpu
+from workers.layers.cpu_kernels import paged_decode_attention_cpu, paged_prefill_attention_cpu
 
 
 @dataclass
@@ -46,6 +48,12 @@ class AttentionMetadata:
     # CPU kernel path: the first R tokens of the batch -- the decodes, then the query tokens
     # of the prefill chunks -- attend through the kernel, a row each.
     num_kernel_rows: int = 0
+    # Of those, the first rows (decodes, then chunks over a short context) attend a query
+    # token at a time through the decode kernel; the rest, the prefill chunks listed in
+    # `prefill_chunks` ([C, 3] int64: first row, length, position of the first token; None
+    # when there are none), through the prefill kernel.
+    num_row_kernel_rows: int = 0
+    prefill_chunks: torch.Tensor | None = None
 
 
 class PagedAttention(nn.Module):
@@ -76,15 +84,31 @@ class PagedAttention(nn.Module):
         d = meta.num_decodes
         if meta.num_kernel_rows:
             r = meta.num_kernel_rows
-            out[:r] = paged_decode_attention_cpu(
-                meta.cpu_kernel,
-                q[:r],
-                k_cache,
-                v_cache,
-                meta.decode_block_tables,
-                meta.decode_lens,
-                self.scale,
-            )
+            # Head dims the prefill kernel does not take: every row through the decode kernel.
+            blockwise = self.head_dim % 16 == 0 and self.head_dim <= 256
+            chunks = meta.prefill_chunks if blockwise else None
+            rows = r if chunks is None else meta.num_row_kernel_rows
+            if rows:
+                out[:rows] = paged_decode_attention_cpu(
+                    meta.cpu_kernel,
+                    q[:rows],
+                    k_cache,
+                    v_cache,
+                    meta.decode_block_tables[:rows],
+                    meta.decode_lens[:rows],
+                    self.scale,
+                )
+            if chunks is not None:
+                paged_prefill_attention_cpu(
+                    meta.cpu_kernel,
+                    q[:r],
+                    k_cache,
+                    v_cache,
+                    meta.decode_block_tables,
+                    chunks,
+                    out[:r],
+                    self.scale,
+                )
         elif d:
             tables = meta.decode_block_tables
             kd = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [D, KH, L, Dh]
@@ -102,14 +126,16 @@ class PagedAttention(nn.Module):
             else:
                 kp = k_flat[p.context_slots].transpose(0, 1)  # [KH, ctx, Dh]
                 vp = v_flat[p.context_slots].transpose(0, 1)
+            # 4-D (a batch of one): given 3-D tensors SDPA takes its math path, which
+            # materialises the scores (11x slower for a 2,048-token chunk on CPU).
             o = F.scaled_dot_product_attention(
-                qp,
-                kp,
-                vp,
+                qp[None],
+                kp[None],
+                vp[None],
                 attn_mask=p.mask,
                 is_causal=p.mask is None,
                 scale=self.scale,
                 enable_gqa=self.gqa,
             )
-            out[sl] = o.transpose(0, 1)
+            out[sl] = o[0].transpose(0, 1)
         return out

@@ -4,6 +4,8 @@ and loaded through ctypes (sources in csrc/):
   padded tensor (a copy as large as the context, per layer, per step) before attending; on
   CPU that copy costs more than the attention itself. The kernel reads K/V in place from
   the block pool.
+- paged prefill attention: the query tokens of prefill chunks, in blocks that share each
+  K/V read, flash-attention style;
 - skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py);
 - RMSNorm in one pass instead of seven torch ops (workers/layers/norm.py);
 - rotary embedding of q and k in place, one pass (workers/layers/rotary.py);
@@ -72,6 +74,10 @@ def _build() -> ctypes.CDLL | None:
     lib.paged_decode_attention.argtypes = (
         [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_float]
     )
+    lib.paged_prefill_attention.restype = ctypes.c_int
+    lib.paged_prefill_attention.argtypes = (
+        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+    )
     lib.skinny_gemm.restype = None
     lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     lib.rms_norm.restype = None
@@ -131,6 +137,42 @@ def paged_decode_attention_cpu(
         scale,
     )
     return out
+
+
+def paged_prefill_attention_cpu(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    chunks: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+) -> None:
+    """Causal attention of prefill chunks into `out` (contiguous [R, H, Dh], like q):
+    chunk c is rows [row0, row0 + n) of q, its first token at position pos0
+    (`chunks[c] = (row0, n, pos0)`), reading its sequence's K/V through `tables[row0]`."""
+    _, h, dh = q.shape
+    _, bs, kh, _ = k_cache.shape
+    q = q.contiguous()
+    status = lib.paged_prefill_attention(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        chunks.data_ptr(),
+        out.data_ptr(),
+        chunks.shape[0],
+        h,
+        kh,
+        dh,
+        bs,
+        tables.shape[1],
+        max(1, torch.get_num_threads()),
+        scale,
+    )
+    if status != 0:
+        raise RuntimeError(f"paged_prefill_attention failed (head_dim {dh}, or out of memory)")
 
 
 def skinny_linear(

@@ -1,4 +1,6 @@
-"""The C decode-attention kernel against torch's SDPA over the same gathered K/V."""
+"""The C kernels against the torch ops they replace: decode and prefill attention against
+SDPA over the same gathered K/V, the skinny GEMM, norms, rotary, SiLU-and-mul, and the batch
+layout that routes rows to them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from workers.config import RopeConfig
 from workers.layers.cpu_kernels import (
     kernel,
     paged_decode_attention_cpu,
+    paged_prefill_attention_cpu,
     silu_and_mul_cpu,
     skinny_linear,
 )
@@ -71,6 +74,77 @@ def test_matches_sdpa_over_the_gathered_context(lib, num_seqs, heads, kv_heads, 
     torch.testing.assert_close(
         out, _reference(q, k_cache, v_cache, tables, lens, scale), atol=2e-5, rtol=1e-4
     )
+
+
+def _chunk_reference(q, k_cache, v_cache, table, pos0, scale):
+    """Causal SDPA (float64) of a chunk's queries, token i at position pos0 + i, over its
+    sequence's first pos0 + n tokens gathered through its block table."""
+    n = q.shape[0]
+    t = torch.arange(pos0 + n)
+    slots = table[t // BLOCK] * BLOCK + t % BLOCK
+    k = k_cache.flatten(0, 1)[slots].transpose(0, 1).double()  # [KH, ctx, Dh]
+    v = v_cache.flatten(0, 1)[slots].transpose(0, 1).double()
+    mask = t[None, :] <= (pos0 + torch.arange(n))[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).double(), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1).float()
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [
+        (4, 2, 64),  # the demo model's shape
+        (12, 4, 64),  # the 100M checkpoint's: 21 query tokens x 3 heads per task
+        (16, 8, 128),  # Qwen3-0.6B's
+        (8, 1, 128),  # 8 query heads per KV head
+        (6, 6, 80),  # no grouping, a head dim with no specialised path
+        (96, 1, 32),  # more query heads per KV head than a task's rows: a token per task
+    ],
+)
+def test_prefill_kernel_matches_causal_sdpa_over_the_paged_context(lib, heads, kv_heads, head_dim):
+    gen = torch.Generator().manual_seed(heads * head_dim)
+    num_blocks = 64
+    k_cache = torch.randn(num_blocks, BLOCK, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, BLOCK, kv_heads, head_dim, generator=gen)
+    # (length, first position): one token, block and key-tile edges, a computed prefix,
+    # and chunks longer than a task's query block.
+    specs = [(1, 0), (5, 0), (16, 0), (17, 3), (33, 40), (100, 7), (40, 0), (3, 150)]
+    first = 3  # rows before the chunks (decodes): the kernel leaves them alone
+    rows = first + sum(n for n, _ in specs)
+    q = torch.randn(rows, heads, head_dim, generator=gen) * 3  # peaked softmax too
+    tables = torch.zeros(rows, 12, dtype=torch.int64)
+    chunks, row = [], first
+    for n, pos0 in specs:
+        blocks = torch.randperm(num_blocks, generator=gen)[: -(-(pos0 + n) // BLOCK)]
+        tables[row : row + n, : len(blocks)] = blocks
+        chunks.append((row, n, pos0))
+        row += n
+    out = torch.full_like(q, float("nan"))
+    scale = head_dim**-0.5
+
+    paged_prefill_attention_cpu(lib, q, k_cache, v_cache, tables, torch.tensor(chunks), out, scale)
+
+    assert out[:first].isnan().all()
+    for row, n, pos0 in chunks:
+        expected = _chunk_reference(q[row : row + n], k_cache, v_cache, tables[row], pos0, scale)
+        torch.testing.assert_close(out[row : row + n], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_prefill_kernel_refuses_head_dims_it_does_not_take(lib):
+    q = torch.randn(4, 2, 72)
+    cache = torch.zeros(2, BLOCK, 2, 72)
+    with pytest.raises(RuntimeError, match="head_dim 72"):
+        paged_prefill_attention_cpu(
+            lib,
+            q,
+            cache,
+            cache,
+            torch.zeros(4, 1, dtype=torch.int64),
+            torch.tensor([[0, 4, 0]]),
+            torch.empty_like(q),
+            0.1,
+        )
 
 
 def test_loading_the_kernel_keeps_denormals(lib):
@@ -191,8 +265,8 @@ def test_rotary_takes_int32_positions(lib):
     torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)
 
 
-def test_prefill_chunks_become_kernel_rows_after_the_decodes(lib):
-    from workers.model_runner import SeqState, prepare_inputs
+def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(lib):
+    from workers.model_runner import PREFILL_KERNEL_MIN_CONTEXT, SeqState, prepare_inputs
     from workers.sampling_params import SamplingParams
 
     def state(name: str, length: int, computed: int, scheduled: int, blocks: list[int]):
@@ -200,21 +274,30 @@ def test_prefill_chunks_become_kernel_rows_after_the_decodes(lib):
         s.num_computed_tokens, s.num_scheduled = computed, scheduled
         return s
 
-    fresh = state("fresh", 20, 0, 20, [7, 8])  # no prefix
+    assert PREFILL_KERNEL_MIN_CONTEXT == 128
+    long = state("long", 136, 120, 16, list(range(10, 19)))  # context 136: prefill kernel
+    fresh = state("fresh", 20, 0, 20, [7, 8])  # context 20: a row per token
     decode = state("decode", 31, 30, 1, [1, 2])  # position 30 of a 31-token sequence
     cached = state("cached", 40, 32, 8, [3, 4, 5])  # 32 cached tokens, 8 to compute
-    inp = prepare_inputs([fresh, decode, cached], BLOCK, torch.device("cpu"), lib)
+    inp = prepare_inputs([long, fresh, decode, cached], BLOCK, torch.device("cpu"), lib)
     meta = inp.meta
-    assert (meta.num_decodes, meta.num_kernel_rows, meta.prefills) == (1, 29, [])
-    assert meta.decode_lens.tolist() == [31, *range(1, 21), *range(33, 41)]  # position + 1
-    assert meta.decode_block_tables.tolist() == [[1, 2, 0]] + [[7, 8, 0]] * 20 + [[3, 4, 5]] * 8
-    assert inp.positions.tolist() == [30, *range(20), *range(32, 40)]
-    assert [s.seq_id for s in inp.sample_states] == ["decode", "fresh", "cached"]
-    assert inp.logits_indices.tolist() == [0, 20, 28]
+    assert (meta.num_decodes, meta.num_row_kernel_rows, meta.num_kernel_rows) == (1, 29, 45)
+    assert meta.prefills == []
+    assert meta.prefill_chunks.tolist() == [[29, 16, 120]]  # first row, length, position
+    assert meta.decode_lens.tolist() == [31, *range(1, 21), *range(33, 41), *range(121, 137)]
+    pad = [0] * 6
+    assert (
+        meta.decode_block_tables.tolist()
+        == ([[1, 2, *pad, 0]] + [[7, 8, *pad, 0]] * 20 + [[3, 4, 5, *pad]] * 8)
+        + [list(range(10, 19))] * 16
+    )
+    assert inp.positions.tolist() == [30, *range(20), *range(32, 40), *range(120, 136)]
+    assert [s.seq_id for s in inp.sample_states] == ["decode", "fresh", "cached", "long"]
+    assert inp.logits_indices.tolist() == [0, 20, 28, 44]
 
-    torch_path = prepare_inputs([fresh, decode, cached], BLOCK, torch.device("cpu"))
-    assert torch_path.meta.num_kernel_rows == 0
-    assert [p.q_start for p in torch_path.meta.prefills] == [1, 21]
+    torch_path = prepare_inputs([long, fresh, decode, cached], BLOCK, torch.device("cpu"))
+    assert (torch_path.meta.num_kernel_rows, torch_path.meta.prefill_chunks) == (0, None)
+    assert [p.q_start for p in torch_path.meta.prefills] == [1, 17, 37]
 
 
 def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
@@ -222,13 +305,16 @@ def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
 
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(10, 3000, (80,), generator=gen).tolist()
-    prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40)]
+    # Suffixes of 5 and 40 tokens over the prefix attend a row per token (context < 128),
+    # 70 through the prefill kernel over the cached prefix.
+    prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40, 70)]
     prompts.append(torch.randint(10, 3000, (150,), generator=gen).tolist())  # chunked
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs = []
     for use_kernel in (True, False):
-        # 64-token steps: fresh chunks, the long prompt's later chunks and the prefix hits --
-        # kernel rows on one side, SDPA (gathered context over a prefix) on the other.
+        # 64-token steps: fresh chunks, the long prompt's later chunks (the last one through
+        # the prefill kernel) and the prefix hits -- the CPU kernels on one side, SDPA
+        # (with a gathered context over a prefix) on the other.
         llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
         if not use_kernel:
             llm.engine.executor.worker.cpu_kernel = None

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -39,6 +40,33 @@ def _cache_dir() -> Path:
     return Path(base) / "kvray" / "kernels"
 
 
+def _machine(cc: str) -> str:
+    """What -march=native builds for: the CPU's feature flags and the compiler. A cache shared
+    between hosts (a home directory on NFS, a baked image) must not hand one CPU a library
+    built for another: an instruction it lacks kills the process (SIGILL)."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):  # x86, ARM
+                flags = line
+                break
+    except OSError:
+        pass
+    try:
+        version = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.partition("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        version = cc
+    return f"{platform.machine()} {flags} {version}"
+
+
+def library_name(src: bytes, flags: list[str], machine: str) -> str:
+    """The cached library's file name: a hash of everything that shapes the build."""
+    key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), machine.encode()]))
+    return f"kvray-cpu-kernels-{key.hexdigest()[:16]}.so"
+
+
 def _build() -> ctypes.CDLL | None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -50,8 +78,7 @@ def _build() -> ctypes.CDLL | None:
     # a shared library sets flush-to-zero for the whole process when it loads.
     cflags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-ffast-math"]
     ldflags = ["-shared", "-fopenmp"]
-    key = hashlib.sha256(src + " ".join(cflags + ldflags).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"kvray-cpu-kernels-{key}.so"
+    out = _cache_dir() / library_name(src, cflags + ldflags, _machine(cc))
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:

@@ -147,6 +147,21 @@ def test_prefill_kernel_refuses_head_dims_it_does_not_take(lib):
         )
 
 
+def test_the_cached_library_is_per_cpu_and_compiler():
+    from workers.layers.cpu_kernels import library_name
+
+    name = library_name(b"src", ["-O3"], "x86_64 flags: avx2 gcc 12")
+    assert name.startswith("kvray-cpu-kernels-") and name.endswith(".so")
+    assert name == library_name(b"src", ["-O3"], "x86_64 flags: avx2 gcc 12")
+    others = [
+        library_name(b"src", ["-O3"], "x86_64 flags: avx2 avx512f gcc 12"),  # another CPU
+        library_name(b"src", ["-O3"], "x86_64 flags: avx2 gcc 13"),  # another compiler
+        library_name(b"src2", ["-O3"], "x86_64 flags: avx2 gcc 12"),
+        library_name(b"src", ["-O2"], "x86_64 flags: avx2 gcc 12"),
+    ]
+    assert name not in others and len(set(others)) == len(others)
+
+
 def test_loading_the_kernel_keeps_denormals(lib):
     # Linking a library with -ffast-math would switch the whole process to flush-to-zero.
     tiny = torch.tensor([1e-39], dtype=torch.float32)

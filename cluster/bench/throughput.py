@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         model_dir = Path(args.model) if args.model else _demo_dir()
+        if not (model_dir / "config.json").is_file():
+            raise SystemExit(f"--model {args.model}: not a checkpoint directory (no config.json)")
     if args.workload == "json-schema":
         from cluster.bench.throughput_structured import run_json_schema
 

@@ -149,3 +149,9 @@ def test_a_failing_kvray_backend_is_reported_and_the_peers_still_run(tmp_path: P
     for name in ("kvray", "kvray-no-prefix-caching"):
         assert result["skipped"][name].startswith("FAILED: ValueError: max_num_seqs"), name
     assert not result["skipped"]["hf-cb"].startswith("FAILED")  # a peer that cannot run
+
+
+def test_a_model_that_is_not_a_checkpoint_is_named(tmp_path: Path) -> None:
+    for model in (tmp_path / "missing", tmp_path):  # no such directory; no config.json in it
+        with pytest.raises(SystemExit, match="not a checkpoint directory"):
+            main(["bench", "throughput", "--model", str(model), *TINY])

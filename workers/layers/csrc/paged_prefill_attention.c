@@ -10,16 +10,16 @@
  *
  * Why: one row per query token (paged_decode_attention.c) reads the whole context once per
  * query token and reduces every dot product across lanes; a prefill chunk's tokens share
- * that context. Here a task takes BQ query tokens of one KV head (BQ x G query rows) and
- * walks the context in tiles of BK keys, flash-attention style: scores as a small matrix
- * product against the tile's keys transposed (no horizontal sums), an online softmax, then
- * the probabilities times the tile's values. Each K/V row is read once per task instead of
- * once per query row.
+ * that context. Here a task takes a block of the chunk's query tokens for one KV head (about
+ * ROWS query rows: token x query head of the group) and walks the context in tiles of BK
+ * keys, flash-attention style: scores as a small matrix product of the tile's keys and the
+ * queries transposed (no horizontal sums, and the softmax runs across whole vectors of query
+ * rows), an online softmax, then the probabilities times the tile's values. Each K/V row is
+ * read once per task instead of once per query row.
  *
- * Built with -ffast-math (vectorised exp); masked scores are a large negative finite value,
- * not -inf, which -ffast-math assumes away.
+ * Built with -ffast-math; masked scores are a large negative finite value, not -inf, which
+ * -ffast-math assumes away.
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,8 +108,9 @@ static inline __attribute__((always_inline)) void weighted_values(
 }
 
 /* One task: query tokens [t0, t0 + nq) of a chunk, KV head kh; R = nq * G rows (row r: token
- * t0 + r / G, head kh * G + r % G), padded to a multiple of 32, at most rp. Scratch: qt [Dh][rp],
- * o [rp][Dh], st [BK][rp], kt and vt [BK][Dh], m, l and rpos [rp]. */
+ * t0 + r / G, head kh * G + r % G), padded to a multiple of 32, at most rp. Scratch:
+ * qt [Dh][rp], o [rp][Dh], st [BK][rp], kt and vt [BK][Dh], m, l and rpos [rp]. Positions
+ * are compared as floats (exact below 2^24 tokens). */
 static inline __attribute__((always_inline)) void task(
     const float *restrict q, const float *restrict k, const float *restrict v,
     const int64_t *restrict table, float *restrict out, int64_t row0, int64_t pos0, int64_t t0,

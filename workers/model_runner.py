@@ -157,11 +157,11 @@ def prepare_inputs(
 
 # CPU: prefill chunks whose context (cached prefix + chunk) reaches this many tokens attend
 # through the prefill kernel, shorter ones a row per token through the decode kernel. Measured
-# per chunk length and prefix, 2 threads, demo and 100M checkpoint head shapes (README, "CPU
-# kernels"): with no prefix, rows won up to 64 tokens (1.2-4x at 8-32) and the prefill kernel
-# from 96-128 (1.1-1.4x at 128, 2x at 512); over a 256-token prefix the prefill kernel won
-# from 4 tokens (1.2x; 1.9x at 64).
-PREFILL_KERNEL_MIN_CONTEXT = 128
+# per chunk length, many chunks per call, no prefix, 2 threads (README, "Prefill attention on
+# CPU"): the prefill kernel won from 16 tokens with the demo's heads (1.7x at 64), from 32 with
+# the 100M checkpoint's (1.4x at 64) and from 64 with Qwen3-0.6B's (1.0x at 64, 1.3x at 96);
+# over a cached prefix it wins from a few tokens (2.4x for 8 tokens over 1,024).
+PREFILL_KERNEL_MIN_CONTEXT = 64
 
 
 def _attends_blockwise(s: SeqState) -> bool:

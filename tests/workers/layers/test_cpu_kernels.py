@@ -289,7 +289,7 @@ def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(lib):
         s.num_computed_tokens, s.num_scheduled = computed, scheduled
         return s
 
-    assert PREFILL_KERNEL_MIN_CONTEXT == 128
+    assert PREFILL_KERNEL_MIN_CONTEXT == 64
     long = state("long", 136, 120, 16, list(range(10, 19)))  # context 136: prefill kernel
     fresh = state("fresh", 20, 0, 20, [7, 8])  # context 20: a row per token
     decode = state("decode", 31, 30, 1, [1, 2])  # position 30 of a 31-token sequence
@@ -320,16 +320,17 @@ def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
 
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(10, 3000, (80,), generator=gen).tolist()
-    # Suffixes of 5 and 40 tokens over the prefix attend a row per token (context < 128),
-    # 70 through the prefill kernel over the cached prefix.
-    prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40, 70)]
+    # Suffixes over the cached prefix and a chunked prompt: the prefill kernel; a short
+    # prompt (context under 64): a row per token.
+    prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40)]
     prompts.append(torch.randint(10, 3000, (150,), generator=gen).tolist())  # chunked
+    prompts.append(torch.randint(10, 3000, (30,), generator=gen).tolist())  # short
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs = []
     for use_kernel in (True, False):
-        # 64-token steps: fresh chunks, the long prompt's later chunks (the last one through
-        # the prefill kernel) and the prefix hits -- the CPU kernels on one side, SDPA
-        # (with a gathered context over a prefix) on the other.
+        # 64-token steps: fresh chunks, the long prompt's later chunks and the prefix hits --
+        # the CPU kernels on one side, SDPA (with a gathered context over a prefix) on the
+        # other.
         llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
         if not use_kernel:
             llm.engine.executor.worker.cpu_kernel = None

@@ -57,8 +57,8 @@ def prepare_inputs(
         # decodes: chunks over a short context as rows of the decode kernel (a row per query
         # token), then the others, whose blocks of query tokens share each K/V read in the
         # prefill kernel (workers/layers/attention.py). Over a computed prefix SDPA would
-        # need the context gathered and an explicit mask (its math path); fresh chunks too
-        # measured faster this way than one SDPA call each (README, "CPU kernels").
+        # need the context gathered and an explicit mask; fresh chunks too measured faster
+        # this way than one SDPA call each (README, "Prefill attention on CPU").
         kernel_prefills = sorted(prefills, key=_attends_blockwise)  # stable: rows first
         prefills = []
     bs = block_size

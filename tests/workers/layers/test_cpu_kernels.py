@@ -315,6 +315,47 @@ def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(lib):
     assert [p.q_start for p in torch_path.meta.prefills] == [1, 17, 37]
 
 
+@pytest.mark.parametrize("head_dim", [64, 72])  # 72: the prefill kernel refuses it: all rows
+def test_paged_attention_on_the_kernels_matches_its_torch_path(lib, head_dim):
+    from workers.layers.attention import PagedAttention
+    from workers.model_runner import SeqState, prepare_inputs
+    from workers.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(head_dim)
+    heads, kv_heads, num_blocks = 4, 2, 32
+    caches = [torch.randn(num_blocks, BLOCK, kv_heads, head_dim, generator=gen) for _ in "kv"]
+
+    def state(name: str, computed: int, scheduled: int, first_block: int) -> SeqState:
+        length = computed + scheduled
+        blocks = list(range(first_block, first_block + -(-length // BLOCK)))
+        s = SeqState(name, length, list(range(length)), SamplingParams(), blocks)
+        s.num_computed_tokens, s.num_scheduled = computed, scheduled
+        return s
+
+    # A decode, a short fresh chunk (rows), a long one and one over a prefix (prefill kernel).
+    states = [
+        state("d", 40, 1, 0),
+        state("s", 0, 20, 3),
+        state("l", 0, 90, 5),
+        state("p", 70, 9, 12),
+    ]
+    total = sum(s.num_scheduled for s in states)
+    q = torch.randn(total, heads, head_dim, generator=gen)
+    k = torch.randn(total, kv_heads, head_dim, generator=gen)
+    v = torch.randn(total, kv_heads, head_dim, generator=gen)
+    attention = PagedAttention(heads, kv_heads, head_dim, head_dim**-0.5)
+    outs, metas = {}, {}
+    for path, kernel_lib in (("kernels", lib), ("torch", None)):
+        inp = prepare_inputs(states, BLOCK, torch.device("cpu"), kernel_lib)
+        # Both layouts put the tokens in the same order here: decodes, then the chunks.
+        assert inp.positions.tolist() == [40, *range(20), *range(90), *range(70, 79)]
+        cache = tuple(c.clone() for c in caches)
+        outs[path], metas[path] = attention(q, k, v, cache, inp.meta), inp.meta
+    assert metas["kernels"].num_row_kernel_rows == 21
+    assert metas["kernels"].prefill_chunks.tolist() == [[21, 90, 0], [111, 9, 70]]
+    torch.testing.assert_close(outs["kernels"], outs["torch"], atol=2e-5, rtol=1e-4)
+
+
 def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
     from workers import LLM, SamplingParams
 

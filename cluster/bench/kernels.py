@@ -164,6 +164,14 @@ def _linear(lib: Any, s: Any, weights: list[Any], rows: int, repeats: int) -> tu
     return t, k
 
 
+def _kv_caches(s: Any, num_blocks: int) -> list[tuple[Any, Any]]:
+    """A random paged K and V pool per layer, as the engine allocates them."""
+    import torch
+
+    shape = (num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim)
+    return [(torch.randn(shape), torch.randn(shape)) for _ in range(s.layers)]
+
+
 def _attention(lib: Any, s: Any, rows: int, context: int, repeats: int) -> tuple[float, ...]:
     import torch
     from torch.nn import functional as F
@@ -173,13 +181,7 @@ def _attention(lib: Any, s: Any, rows: int, context: int, repeats: int) -> tuple
     lens = torch.randint(max(1, context // 2), context + context // 2 + 1, (rows,))
     max_blocks = -(-int(lens.max()) // BLOCK_SIZE)
     num_blocks = rows * max_blocks
-    caches = [
-        (
-            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
-            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
-        )
-        for _ in range(s.layers)
-    ]
+    caches = _kv_caches(s, num_blocks)
     tables = torch.randperm(num_blocks).view(rows, max_blocks)  # scattered, as in a pool
     q = torch.randn(rows, s.heads, s.head_dim)
     mask = (torch.arange(max_blocks * BLOCK_SIZE)[None, :] < lens[:, None])[:, None, None, :]
@@ -212,13 +214,7 @@ def _prefill(lib: Any, s: Any, n: int, prefix: int, repeats: int) -> tuple[float
 
     ctx = prefix + n
     num_blocks = -(-ctx // BLOCK_SIZE)
-    caches = [
-        (
-            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
-            torch.randn(num_blocks, BLOCK_SIZE, s.kv_heads, s.head_dim),
-        )
-        for _ in range(s.layers)
-    ]
+    caches = _kv_caches(s, num_blocks)
     table = torch.randperm(num_blocks)  # scattered, as in a pool
     tables = table.expand(n, num_blocks).contiguous()  # a row per query token
     lens = torch.arange(prefix + 1, ctx + 1)

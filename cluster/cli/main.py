@@ -1,4 +1,5 @@
-"""`kvray` command line: serve | generate | bench throughput | serve | kernels | config.
+"""`kvray` command line: serve | generate | bench throughput | bench serve | bench kernels |
+config.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
 this file only wires them together, and imports them lazily so `kvray --help` is instant.

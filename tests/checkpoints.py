@@ -138,13 +138,15 @@ def make_checkpoint(
     config_spelling: Spelling | None = None,
     tokenizer_dir: Path | None = None,
     seed: int = 0,
+    dtype: str = "float32",
 ) -> Path:
     """Write a tiny random HF checkpoint of `kind` (one of KINDS) into `path` and return it.
 
     config_spelling: "old" (top-level rope_theta + rope_scaling) or "new" (rope_parameters);
     None picks the kind's default (see the module docstring). sharded: split the weights over
     two safetensors files plus model.safetensors.index.json. tokenizer_dir: where the tokenizer
-    files come from (default: the built-in demo checkpoint).
+    files come from (default: the built-in demo checkpoint). dtype: the stored dtype, float32
+    or bfloat16 (as most published checkpoints are).
     """
     if kind not in _SPECS:
         raise ValueError(f"kind must be one of {sorted(_SPECS)}, got {kind!r}")
@@ -160,10 +162,13 @@ def make_checkpoint(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     vocab_size, special_ids = _copy_tokenizer(Path(tokenizer_dir), path)
-    config = _config(spec, spelling, vocab_size, special_ids)
+    config = {**_config(spec, spelling, vocab_size, special_ids), "torch_dtype": dtype}
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # crc32 rather than hash(): hash() of str is randomised per process.
     tensors = _weights(spec, vocab_size, seed=seed * 1000003 + zlib.crc32(kind.encode()))
+    import torch
+
+    tensors = {name: t.to(getattr(torch, dtype)) for name, t in tensors.items()}
     _write_weights(tensors, path, sharded=sharded)
     return path
 

@@ -72,19 +72,28 @@ class Worker:
         # On CPU in float32, decode attention, few-row linears, norms, rotary and SiLU-and-mul
         # run small C kernels (workers/layers/cpu_kernels.py); elsewhere the torch paths.
         self.cpu_kernel = None
+        # Bytes of the bfloat16 copies of exactly-bfloat16 weights the few-row linears read.
+        self.packed_bytes = 0
         if device.type == "cpu" and config.torch_dtype == torch.float32:
             from workers.layers.cpu_kernels import kernel, use_cpu_kernels
 
             self.cpu_kernel = kernel()
-            use_cpu_kernels(self.model, self.cpu_kernel)
+            if self.cpu_kernel is not None:
+                self.packed_bytes = use_cpu_kernels(self.model, self.cpu_kernel)
+            if self.packed_bytes:
+                log.info(
+                    "bfloat16 weights: packed %.0f MiB for steps of up to a few dozen rows",
+                    self.packed_bytes / 2**20,
+                )
         from workers.compile import compile_model
 
         # Start-up seconds the compiled forward cost; None: it runs eagerly.
         self.compile_s = compile_model(self.model, config.compilation, device, tp.size, progress)
 
     def param_bytes(self) -> int:
+        """The weights' bytes, with their packed bfloat16 copies."""
         seen: set[int] = set()
-        total = 0
+        total = self.packed_bytes
         for p in self.model.parameters():
             if id(p) not in seen:
                 seen.add(id(p))

@@ -94,3 +94,26 @@ def test_logprobs_match_transformers(kind: str, checkpoints) -> None:
             top = torch.topk(row, 5)
             for tid, val in zip(top.indices.tolist(), top.values.tolist(), strict=True):
                 assert tid in lp and abs(lp[tid] - val) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # qwen2: biases on q/k/v
+def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(kind: str, tmp_path) -> None:
+    # On CPU the few-row linears then read packed bfloat16 copies of the weights (exact
+    # values, half the bytes): the tokens must stay transformers' float32 tokens.
+    path = make_checkpoint(kind, tmp_path / kind, dtype="bfloat16")
+    llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, dtype="float32")
+    worker = llm.engine.executor.worker
+    if worker.cpu_kernel is not None:
+        model = worker.model
+        assert model.lm_head.packed_weight is not None
+        assert model.layers[0].self_attn.qkv_proj.packed_weight is not None
+    prompts = _prompts(llm.engine.vocab_size, seed=3)[::2]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    hf = load_hf(path)
+    exact = sum(
+        assert_greedy_match(hf, p, o.outputs[0].token_ids, hf_greedy(hf, p, MAX_TOKENS))
+        for p, o in zip(prompts, outs, strict=True)
+    )
+    assert exact >= len(prompts) - 1
+    llm.engine.shutdown()

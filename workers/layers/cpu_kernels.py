@@ -7,6 +7,8 @@ and loaded through ctypes (sources in csrc/):
 - paged prefill attention: the query tokens of prefill chunks, in blocks that share each
   K/V read, flash-attention style;
 - skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py);
+- bfloat16-weight GEMM: the same steps for weights that are exactly bfloat16 (a bfloat16
+  checkpoint served in float32): half the bytes per step, the same values;
 - RMSNorm in one pass instead of seven torch ops (workers/layers/norm.py);
 - rotary embedding of q and k in place, one pass (workers/layers/rotary.py);
 - SiLU-and-mul of the fused gate/up projection (workers/models/llama.py MLP).
@@ -107,6 +109,8 @@ def _build() -> ctypes.CDLL | None:
     )
     lib.skinny_gemm.restype = None
     lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    lib.bf16_linear.restype = ctypes.c_int
+    lib.bf16_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float]
     lib.silu_and_mul.restype = None
@@ -222,6 +226,56 @@ def skinny_linear(
     return out
 
 
+# Output features per panel of the packed bfloat16 weight (NB in csrc/bf16_linear.c).
+BF16_PANEL = 32
+
+
+def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` [N, K] (float32) packed for `bf16_linear`, or None when some value is not a
+    bfloat16 (widening back must give every value exactly, or the layer would change).
+
+    Layout (csrc/bf16_linear.c): panels of 32 output features, each [K][16] int32 words,
+    word j holding feature j's bfloat16 bits in its low half and feature 16 + j's in its high
+    half; the last panel zero-padded."""
+    as_bf16 = weight.detach().to(torch.bfloat16)
+    if not torch.equal(as_bf16.to(weight.dtype), weight):
+        return None
+    n, k = weight.shape
+    panels = -(-n // BF16_PANEL)
+    bits = torch.zeros(panels * BF16_PANEL, k, dtype=torch.int32)
+    bits[:n] = as_bf16.view(torch.int16).to(torch.int32) & 0xFFFF
+    bits = bits.view(panels, 2, BF16_PANEL // 2, k)
+    words = bits[:, 0] | (bits[:, 1] << 16)  # [P, 16, K]
+    return words.transpose(1, 2).contiguous()  # [P, K, 16]
+
+
+def bf16_linear(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`nn.functional.linear(x, weight, bias)` for a 2-D float32 `x`, with `weight` given by
+    `packed = pack_bf16_weight(weight)`."""
+    x = x.contiguous()
+    m, k = x.shape
+    out = torch.empty(m, out_features, dtype=x.dtype)
+    status = lib.bf16_linear(
+        x.data_ptr(),
+        packed.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        m,
+        k,
+        out_features,
+        max(1, torch.get_num_threads()),
+    )
+    if status != 0:
+        raise MemoryError("bf16_linear: no memory for its copy of x")
+    return out
+
+
 def rms_norm_cpu(
     lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -290,12 +344,20 @@ def silu_and_mul_cpu(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL) -> None:
+def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL) -> int:
     """Route a loaded model's layers through `lib`: every module with a `cpu_kernels` slot
-    (linear layers and the LM head, norms, rotary, MLP) whose tensors are dense float32."""
+    (linear layers and the LM head, norms, rotary, MLP) whose tensors are dense float32.
+    Linear layers whose weights are exactly bfloat16 also get a packed bfloat16 copy for
+    their few-row steps (`packed_weight`). Returns the bytes those copies take."""
+    packed_bytes = 0
     for module in model.modules():
         if not hasattr(module, "cpu_kernels"):
             continue
         tensors = [*module.parameters(), *module.buffers()]
         if tensors and all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
             module.cpu_kernels = lib
+            if hasattr(module, "packed_weight"):
+                module.packed_weight = pack_bf16_weight(module.weight)
+                if module.packed_weight is not None:
+                    packed_bytes += module.packed_weight.nbytes
+    return packed_bytes

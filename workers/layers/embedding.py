@@ -57,8 +57,9 @@ class ParallelLMHead(nn.Module):
                 torch.zeros(per_rank, hidden, dtype=dtype), requires_grad=False
             )
         self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
+        self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = linear(hidden, self.weight, None, self.cpu_kernels)
+        logits = linear(hidden, self.weight, None, self.cpu_kernels, self.packed_weight)
         logits = self.tp.all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]

@@ -6,8 +6,10 @@ all-reduce. Biases of row-parallel layers are added once, after the reduction.
 Weights are filled by `workers.loader`, which hands each layer only its own slice.
 
 On CPU in float32, `linear` sends steps of a few rows (a decode step of a few sequences) to
-the skinny-GEMM C kernel (workers/layers/csrc/skinny_gemm.c), where the BLAS runs far below
-the memory bandwidth (`workers.layers.cpu_kernels.use_cpu_kernels` turns it on).
+C kernels where the BLAS runs far below the memory bandwidth
+(`workers.layers.cpu_kernels.use_cpu_kernels` turns them on): weights that are exactly
+bfloat16 (a bfloat16 checkpoint) to csrc/bf16_linear.c, which streams half the bytes; other
+float32 weights to the skinny GEMM, csrc/skinny_gemm.c.
 """
 
 from __future__ import annotations
@@ -16,27 +18,39 @@ import torch
 from torch import nn
 
 from workers.distributed import TPGroup
-from workers.layers.cpu_kernels import skinny_linear
+from workers.layers.cpu_kernels import bf16_linear, skinny_linear
 
 # Rows (tokens) for which the skinny kernel beat torch's linear, measured per token count
 # with the demo model's and the 100M checkpoint's weight shapes (README, "CPU kernels"):
 # 1.0-1.2x and 1.2-2.0x from 4 to 24 rows; even (0.94-1.05x) at 1-2 rows; behind the BLAS
 # from 32 rows (demo) or 48 (100M) up.
 SKINNY_ROWS = range(4, 25)
+# Rows up to which the bfloat16-weight kernel is used: with the 100M checkpoint's weights it
+# measured 1.4-2.2x torch's linear (float32 weights) from 1 to 16 rows, 1.2-1.3x at 32-64
+# and even at 128 (README, "bfloat16 weights on CPU").
+BF16_MAX_ROWS = 96
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cpu_kernels: object
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cpu_kernels: object,
+    packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`nn.functional.linear`, through the skinny CPU kernel where it is faster."""
+    """`nn.functional.linear`, through a CPU kernel where one is faster; `packed_weight` is
+    `weight` packed in bfloat16 (`cpu_kernels.pack_bf16_weight`) when it is exactly that."""
     if (
         cpu_kernels is not None
         # First: the compiled pieces keep torch's op, and their token count is symbolic.
         and not torch.compiler.is_compiling()
         and x.dim() == 2
-        and x.shape[0] in SKINNY_ROWS
     ):
-        return skinny_linear(cpu_kernels, x, weight, bias)
+        rows = x.shape[0]
+        if packed_weight is not None and 0 < rows <= BF16_MAX_ROWS:
+            return bf16_linear(cpu_kernels, x, packed_weight, weight.shape[0], bias)
+        if rows in SKINNY_ROWS:
+            return skinny_linear(cpu_kernels, x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
@@ -55,12 +69,13 @@ class ColumnParallelLinear(nn.Module):
             nn.Parameter(torch.zeros(out, dtype=dtype), requires_grad=False) if bias else None
         )
         self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
+        self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
 
     def part_offset(self, index: int) -> int:
         return sum(self.output_sizes[:index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.cpu_kernels)
+        return linear(x, self.weight, self.bias, self.cpu_kernels, self.packed_weight)
 
 
 class RowParallelLinear(nn.Module):
@@ -85,9 +100,10 @@ class RowParallelLinear(nn.Module):
             else None
         )
         self.cpu_kernels: object = None  # set by workers.layers.cpu_kernels.use_cpu_kernels
+        self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(linear(x, self.weight, None, self.cpu_kernels))
+        y = self.tp.all_reduce(linear(x, self.weight, None, self.cpu_kernels, self.packed_weight))
         if self.bias is not None:
             y = y + self.bias
         return y

@@ -1,6 +1,6 @@
 """The C kernels against the torch ops they replace: decode and prefill attention against
-SDPA over the same gathered K/V, the skinny GEMM, norms, rotary, SiLU-and-mul, and the batch
-layout that routes rows to them."""
+SDPA over the same gathered K/V, the skinny and bfloat16-weight GEMMs, norms, rotary,
+SiLU-and-mul, and the batch layout that routes rows to them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from torch.nn import functional as F
 
 from workers.config import RopeConfig
 from workers.layers.cpu_kernels import (
+    bf16_linear,
     kernel,
+    pack_bf16_weight,
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
     silu_and_mul_cpu,
@@ -380,3 +382,65 @@ def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
         assert llm.stats().prefix_cache_hits > 0
         llm.engine.shutdown()
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 12, 13, 30, 96, 200])  # 200: two blocks of x
+@pytest.mark.parametrize(
+    ("in_features", "out_features"),
+    [(256, 768), (100, 37), (768, 4), (64, 32), (48, 70)],  # partial panels, one panel
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_linear_matches_torch_on_the_same_values(lib, rows, in_features, out_features, bias):
+    gen = torch.Generator().manual_seed(rows * 1000 + in_features + out_features)
+    x = torch.randn(rows, in_features, generator=gen)
+    w = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).bfloat16()
+    w = w.float()  # exactly bfloat16 values, held in float32 as the engine holds them
+    b = torch.randn(out_features, generator=gen) if bias else None
+    packed = pack_bf16_weight(w)
+    assert packed is not None
+
+    out = bf16_linear(lib, x, packed, out_features, b)
+
+    torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_packing_refuses_weights_that_are_not_bfloat16():
+    w = torch.randn(40, 16).bfloat16().float()
+    assert pack_bf16_weight(w) is not None
+    w[3, 5] += 2**-20  # one value off the bfloat16 grid would change the layer
+    assert pack_bf16_weight(w) is None
+
+
+def test_bf16_linear_takes_a_row_slice(lib):
+    x = torch.randn(12, 64)[::2]
+    w = torch.randn(48, 64).bfloat16().float()
+    out = bf16_linear(lib, x, pack_bf16_weight(w), 48, None)
+    torch.testing.assert_close(out, F.linear(x, w, None))
+
+
+def test_linear_routes_rows_by_count_and_weight(lib, monkeypatch):
+    from workers.layers import linear as linear_mod
+
+    w32 = torch.randn(64, 32)
+    w16 = w32.bfloat16().float()
+    packed = pack_bf16_weight(w16)
+    calls: list[str] = []
+    for name, real in (("bf16_linear", bf16_linear), ("skinny_linear", skinny_linear)):
+        # Records which kernel ran, then runs it (the result is still checked below).
+        def spy(*args, _name=name, _real=real):
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(linear_mod, name, spy)
+    for rows, w, p, expected in [
+        (1, w16, packed, "bf16_linear"),
+        (linear_mod.BF16_MAX_ROWS, w16, packed, "bf16_linear"),
+        (linear_mod.BF16_MAX_ROWS + 1, w16, packed, None),  # the BLAS
+        (8, w32, None, "skinny_linear"),  # float32 weights: the skinny kernel
+        (1, w32, None, None),
+    ]:
+        calls.clear()
+        x = torch.randn(rows, 32)
+        out = linear_mod.linear(x, w, None, lib, p)
+        assert calls == ([expected] if expected else []), (rows, expected)
+        torch.testing.assert_close(out, F.linear(x, w), atol=1e-5, rtol=1e-5)

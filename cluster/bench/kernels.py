@@ -4,12 +4,15 @@ ops they replace, per step size, side by side in one process.
 For each row count (the tokens of a decode step: one per sequence) it times, with random
 tensors of the model's shapes (no weights are loaded):
 - linear: every layer's projections and the LM head, torch's `linear` (the BLAS) against the
-  skinny kernel; each layer gets its own weights, so they stream from memory as in a step;
+  skinny kernel and against the bfloat16-weight kernel (the weights are drawn on the
+  bfloat16 grid, as a bfloat16 checkpoint's are); each layer gets its own weights, so they
+  stream from memory as in a step;
 - decode attention: the torch-native path (gather of the paged K/V, SDPA with a length
   mask) against the C kernel, contexts uniform around --context;
 - small ops: every layer's RMSNorms, rotary and SiLU-and-mul, torch against the kernels.
 It prints ms per forward's worth of each and the ratio torch / kernel (above 1: the kernel is
-faster). The engine uses the skinny kernel only for `workers.layers.linear.SKINNY_ROWS`.
+faster). The engine uses the skinny kernel for `workers.layers.linear.SKINNY_ROWS` with
+float32 weights, the bfloat16 one up to `BF16_MAX_ROWS` rows with exactly-bfloat16 weights.
 
 Then, per prefill chunk length (--chunk-lens, over a cached prefix of --prefix tokens), every
 layer's attention of one chunk three ways: torch's SDPA (the torch-native path), the decode
@@ -63,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from workers.layers.cpu_kernels import kernel
+    from workers.layers.cpu_kernels import kernel, pack_bf16_weight
 
     if any(r < 1 for r in args.rows) or args.context < 1 or args.repeats < 1:
         raise SystemExit("--rows, --context and --repeats must be positive")
@@ -81,13 +84,19 @@ def run(args: argparse.Namespace) -> int:
         f"vocab {shape.vocab}; float32 on cpu, {torch.get_num_threads()} torch threads; "
         f"ms per forward (best of {args.repeats}), torch / kernel"
     )
-    header = f"{'rows':>5}  {'linear':>22}  {'decode attention':>22}  {'norms+rotary+silu':>22}"
+    header = (
+        f"{'rows':>5}  {'linear (skinny)':>22}  {'linear (bf16 weights)':>22}  "
+        f"{'decode attention':>22}  {'norms+rotary+silu':>22}"
+    )
     print(header)
     print("-" * len(header))
     weights = _weights(shape)
+    packed = [pack_bf16_weight(w) for w in weights]
     for rows in args.rows:
+        blas, skinny, bf16 = _linear(lib, weights, packed, rows, args.repeats)
         cells = [
-            _linear(lib, shape, weights, rows, args.repeats),
+            (blas, skinny),
+            (blas, bf16),
             _attention(lib, shape, rows, args.context, args.repeats),
             _small_ops(lib, shape, rows, args.repeats),
         ]
@@ -137,8 +146,9 @@ def _weights(s: Any) -> list[Any]:
         (2 * s.intermediate, s.hidden),  # gate/up
         (s.hidden, s.intermediate),  # down
     ]
-    ws = [torch.randn(n, k) * 0.02 for _ in range(s.layers) for n, k in per_layer]
-    return [*ws, torch.randn(s.vocab, s.hidden) * 0.02]  # LM head
+    shapes = [*(shape for _ in range(s.layers) for shape in per_layer), (s.vocab, s.hidden)]
+    # On the bfloat16 grid (held in float32), as the engine holds a bfloat16 checkpoint's.
+    return [(torch.randn(n, k) * 0.02).bfloat16().float() for n, k in shapes]
 
 
 def _best(fn: Callable[[], Any], repeats: int) -> float:
@@ -151,17 +161,25 @@ def _best(fn: Callable[[], Any], repeats: int) -> float:
     return min(times) * 1e3
 
 
-def _linear(lib: Any, s: Any, weights: list[Any], rows: int, repeats: int) -> tuple[float, ...]:
+def _linear(
+    lib: Any, weights: list[Any], packed: list[Any], rows: int, repeats: int
+) -> tuple[float, float, float]:
+    """ms for all the layers' linears: torch, the skinny kernel, the bfloat16-weight kernel."""
     import torch
     from torch.nn import functional as F
 
-    from workers.layers.cpu_kernels import skinny_linear
+    from workers.layers.cpu_kernels import bf16_linear, skinny_linear
 
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    pairs = list(zip(weights, packed, strict=True))
     with torch.inference_mode():
         t = _best(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], repeats)
         k = _best(lambda: [skinny_linear(lib, xs[w.shape[1]], w, None) for w in weights], repeats)
-    return t, k
+        b = _best(
+            lambda: [bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None) for w, p in pairs],
+            repeats,
+        )
+    return t, k, b
 
 
 def _kv_caches(s: Any, num_blocks: int) -> list[tuple[Any, Any]]:

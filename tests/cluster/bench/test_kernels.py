@@ -17,8 +17,9 @@ def test_prints_one_row_per_step_size_and_chunk_length(capsys):
     steps, chunks = out.split("prefill attention of one chunk over 9 cached tokens")
     rows = [line.split() for line in steps.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "6"]
-    # rows, then torch / kernel ratio for linear, attention and the small ops
-    assert all(len(r) == 13 and r[4].endswith("x") for r in rows), rows
+    # rows, then torch / kernel ratio for linear (skinny, bfloat16 weights), attention and the
+    # small ops
+    assert all(len(r) == 17 and r[4].endswith("x") and r[8].endswith("x") for r in rows), rows
     rows = [line.split() for line in chunks.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["20", "130"]
     # chunk length, SDPA, then each kernel with SDPA / kernel

@@ -32,13 +32,12 @@ typedef uint32_t vu __attribute__((vector_size(64)));
 #define NB 32   /* output features per panel: two float vectors */
 #define MR 12   /* input rows per register tile */
 #define MC 192  /* input rows per block: a block of copied x stays in L2 */
-#define PF 64   /* k steps (64-byte lines) a prefetching tile reads ahead */
-#define MR_PF 8 /* tiles of up to this many rows prefetch (see tile) */
+#define PF 128  /* k steps (64-byte lines) the first row tile prefetches ahead: 8 KiB */
 
-/* A prefetch as an asm statement: with __builtin_prefetch GCC kept the accumulators in
- * memory instead of registers (measured: 2x slower in cache). Other CPUs go without. */
+/* A prefetch into L2 as an asm statement: with __builtin_prefetch GCC kept the accumulators
+ * in memory instead of registers (2x slower). Other CPUs go without. */
 #if defined(__x86_64__)
-#define PREFETCH(p) __asm__("prefetcht0 %0" : : "m"(*(const char *)(p)))
+#define PREFETCH(p) __asm__("prefetcht1 %0" : : "m"(*(const char *)(p)))
 #else
 #define PREFETCH(p) ((void)(p))
 #endif
@@ -47,10 +46,10 @@ static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 /* R rows of copied x (xp: [K][R]) against one panel: y[R, n0 : n0 + nvalid]. Always inlined
  * with constant R so the accumulators live in registers. The first row tile of a panel
- * streams it from memory; when that tile has few rows it is bound by memory latency, and
- * prefetching ahead took one-row steps from ~20 to ~22 GB/s and 8 rows 1.2x faster. Tiles of
- * 12 rows ran slower with any prefetch distance tried (8-64 lines), and later tiles find
- * the panel in cache: neither prefetches. */
+ * streams it from memory and prefetches ahead into L2: measured over the 100M checkpoint's
+ * weights, one-row steps went from ~20 to ~25 GB/s and 8-16 rows 1.1-1.2x faster (prefetching
+ * into L1, or a share of the next panel from every tile, did worse). Later tiles find the
+ * panel in cache. */
 static inline __attribute__((always_inline)) void tile(
     const float *restrict xp, const uint32_t *restrict panel, const float *restrict bias,
     float *restrict y, int64_t K, int64_t N, const int64_t R, int64_t n0, int64_t nvalid,
@@ -89,8 +88,8 @@ static inline __attribute__((always_inline)) void tile(
 }
 
 #define TILE(r)                                                                              \
-    (m == 0 && (r) <= MR_PF ? tile(xp, panel, bias, y, K, N, r, n0, nvalid, 1)                \
-                            : tile(xp + m * K, panel, bias, y + m * N, K, N, r, n0, nvalid, 0))
+    (m == 0 ? tile(xp, panel, bias, y, K, N, r, n0, nvalid, 1)                                \
+            : tile(xp + m * K, panel, bias, y + m * N, K, N, r, n0, nvalid, 0))
 
 /* Rows [0, M) of a block (xp: its row tiles copied) against one panel. */
 static void rows(const float *xp, const uint32_t *panel, const float *bias, float *y,

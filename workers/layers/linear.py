@@ -25,10 +25,11 @@ from workers.layers.cpu_kernels import bf16_linear, skinny_linear
 # 1.0-1.2x and 1.2-2.0x from 4 to 24 rows; even (0.94-1.05x) at 1-2 rows; behind the BLAS
 # from 32 rows (demo) or 48 (100M) up.
 SKINNY_ROWS = range(4, 25)
-# Rows up to which the bfloat16-weight kernel is used: with the 100M checkpoint's weights it
-# measured 1.4-2.2x torch's linear (float32 weights) from 1 to 16 rows, 1.2-1.3x at 32-64
-# and even at 128 (README, "bfloat16 weights on CPU").
-BF16_MAX_ROWS = 96
+# Rows up to which the bfloat16-weight kernel is used: against torch's linear on the float32
+# weights it measured 2-4x from 1 to 16 rows, ~2x at 32, 1.2-1.5x at 64-192 and 1.06-1.18x at
+# 256 with the 100M and 0.6B checkpoints' shapes; 0.98x at 384 (README, "bfloat16 weights
+# on CPU"; `kvray bench kernels`).
+BF16_MAX_ROWS = 256
 
 
 def linear(

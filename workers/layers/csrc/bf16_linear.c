@@ -8,7 +8,7 @@
  * halves the bytes a step streams without changing a single value: the products and sums
  * are float32, as with the float32 copy (only the summation order differs, as between any
  * two GEMMs). Measured with the 100M checkpoint's weights against torch's linear on the
- * float32 copy: 1.5-2.5x from 1 to 16 rows, 1.2-1.3x at 32-64, even at 128 (README).
+ * float32 copy: 2-4x from 1 to 16 rows, ~2x at 32, 1.5x at 64 (README).
  *
  * Layout (made by workers/layers/cpu_kernels.py pack_bf16_weight): w is cut into panels of
  * NB = 32 output features; for each k a panel stores 16 32-bit words, word j holding feature
@@ -34,10 +34,12 @@ typedef uint32_t vu __attribute__((vector_size(64)));
 #define MC 192  /* input rows per block: a block of copied x stays in L2 */
 #define PF 128  /* k steps (64-byte lines) the first row tile prefetches ahead: 8 KiB */
 
-/* A prefetch into L2 as an asm statement: with __builtin_prefetch GCC kept the accumulators
- * in memory instead of registers (2x slower). Other CPUs go without. */
+/* A prefetch into L2 as an asm statement that takes its address in a register: with
+ * __builtin_prefetch, or with a memory operand, GCC stored the 24 accumulators to memory on
+ * every k (the compiler must assume the prefetch reads them), which halved the tile's speed.
+ * Other CPUs go without. */
 #if defined(__x86_64__)
-#define PREFETCH(p) __asm__("prefetcht1 %0" : : "m"(*(const char *)(p)))
+#define PREFETCH(p) __asm__("prefetcht1 (%0)" : : "r"(p))
 #else
 #define PREFETCH(p) ((void)(p))
 #endif
@@ -46,10 +48,10 @@ static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 /* R rows of copied x (xp: [K][R]) against one panel: y[R, n0 : n0 + nvalid]. Always inlined
  * with constant R so the accumulators live in registers. The first row tile of a panel
- * streams it from memory and prefetches ahead into L2: measured over the 100M checkpoint's
- * weights, one-row steps went from ~20 to ~25 GB/s and 8-16 rows 1.1-1.2x faster (prefetching
- * into L1, or a share of the next panel from every tile, did worse). Later tiles find the
- * panel in cache. */
+ * streams it from memory and prefetches 8 KiB ahead into L2, so that the panel's bytes
+ * arrive while the tile computes: measured over the 100M checkpoint's weights, 8 rows went
+ * from 14.5 to 9 ms and 32 rows from 34 to 23 ms per forward. Later tiles find the panel in
+ * cache. */
 static inline __attribute__((always_inline)) void tile(
     const float *restrict xp, const uint32_t *restrict panel, const float *restrict bias,
     float *restrict y, int64_t K, int64_t N, const int64_t R, int64_t n0, int64_t nvalid,

@@ -7,7 +7,7 @@ import random
 import pytest
 import ray
 
-from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf
+from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf, make_checkpoint
 from tests.workers.failures import fail_while_streaming
 from tests.workers.parity import assert_greedy_match
 from workers import LLM, AsyncEngine, SamplingParams
@@ -50,6 +50,30 @@ def test_tp2_matches_tp1_and_transformers(kind: str, checkpoints) -> None:
         rows = hf_logprobs(hf, prompt, tb)
         for row, tok, lp in zip(rows, tb, b.outputs[0].logprobs, strict=True):
             assert abs(lp[tok] - row[tok].item()) < 1e-4
+
+
+def test_tp2_of_a_bfloat16_checkpoint_matches_transformers(tmp_path) -> None:
+    # Each rank packs bfloat16 copies of its own weight slices (workers/layers/linear.py);
+    # qwen2: biases on the column-parallel q/k/v.
+    path = str(make_checkpoint("qwen2", tmp_path / "qwen2", dtype="bfloat16"))
+    prompts = _prompts(4)
+    tp1 = LLM(path, kv_cache_memory_bytes=16 << 20)
+    packed = tp1.engine.executor.worker.packed_bytes
+    total = tp1.engine.executor.worker.param_bytes()
+    tp1.engine.shutdown()
+    tp2_llm = LLM(path, tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
+    try:
+        tp2 = tp2_llm.generate(prompts, GREEDY, use_tqdm=False)
+        per_rank = tp2_llm.engine.executor.param_bytes()
+    finally:
+        tp2_llm.engine.shutdown()
+    if packed:  # the ranks hold their halves of the packed copies too
+        for b in per_rank:
+            assert abs(b - total / 2) / (total / 2) < 0.05, (per_rank, total)
+    hf = load_hf(path)
+    for prompt, out in zip(prompts, tp2, strict=True):
+        ours = out.outputs[0].token_ids
+        assert_greedy_match(hf, prompt, ours, hf_greedy(hf, prompt, 10))
 
 
 def test_tp2_with_prefix_caching_chunking_and_preemption(demo_dir) -> None:

@@ -234,18 +234,20 @@ def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight` [N, K] (float32) packed for `bf16_linear`, or None when some value is not a
     bfloat16 (widening back must give every value exactly, or the layer would change).
 
-    Layout (csrc/bf16_linear.c): panels of 32 output features, each [K][16] int32 words,
-    word j holding feature j's bfloat16 bits in its low half and feature 16 + j's in its high
-    half; the last panel zero-padded."""
-    as_bf16 = weight.detach().to(torch.bfloat16)
-    if not torch.equal(as_bf16.to(weight.dtype), weight):
+    A float32 is a bfloat16 exactly when the low 16 bits of its pattern are zero; the high
+    16 are then the bfloat16. Layout (csrc/bf16_linear.c): panels of 32 output features,
+    each [K][16] int32 words, word j holding feature j's bfloat16 bits in its low half and
+    feature 16 + j's in its high half; the last panel zero-padded."""
+    bits = weight.detach().contiguous().view(torch.int32)
+    if bool((bits & 0xFFFF).any()):
         return None
-    n, k = weight.shape
+    n, k = bits.shape
     panels = -(-n // BF16_PANEL)
-    bits = torch.zeros(panels * BF16_PANEL, k, dtype=torch.int32)
-    bits[:n] = as_bf16.view(torch.int16).to(torch.int32) & 0xFFFF
-    bits = bits.view(panels, 2, BF16_PANEL // 2, k)
-    words = bits[:, 0] | (bits[:, 1] << 16)  # [P, 16, K]
+    if panels * BF16_PANEL != n:
+        bits = torch.cat([bits, bits.new_zeros(panels * BF16_PANEL - n, k)])
+    halves = bits.view(panels, 2, BF16_PANEL // 2, k)
+    # Feature j's high 16 bits moved down (>> is arithmetic: mask), feature 16 + j's as they are.
+    words = ((halves[:, 0] >> 16) & 0xFFFF) | halves[:, 1]  # [P, 16, K]
     return words.transpose(1, 2).contiguous()  # [P, K, 16]
 
 

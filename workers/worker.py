@@ -72,17 +72,20 @@ class Worker:
         # On CPU in float32, decode attention, few-row linears, norms, rotary and SiLU-and-mul
         # run small C kernels (workers/layers/cpu_kernels.py); elsewhere the torch paths.
         self.cpu_kernel = None
-        # Bytes of the bfloat16 copies of exactly-bfloat16 weights the few-row linears read.
+        # Host bytes the bfloat16 copies of exactly-bfloat16 weights added (negative: freed).
         self.packed_bytes = 0
         if device.type == "cpu" and config.torch_dtype == torch.float32:
             from workers.layers.cpu_kernels import kernel, use_cpu_kernels
 
             self.cpu_kernel = kernel()
             if self.cpu_kernel is not None:
-                self.packed_bytes = use_cpu_kernels(self.model, self.cpu_kernel)
+                # The compiled pieces run torch's linear: they need the float32 weights.
+                free = not config.compilation.enabled
+                self.packed_bytes = use_cpu_kernels(self.model, self.cpu_kernel, free_float32=free)
             if self.packed_bytes:
                 log.info(
-                    "bfloat16 weights: packed %.0f MiB for steps of up to a few dozen rows",
+                    "bfloat16 weights: the linear layers read packed bfloat16 copies "
+                    "(%+.0f MiB of host memory)",
                     self.packed_bytes / 2**20,
                 )
         from workers.compile import compile_model
@@ -91,14 +94,14 @@ class Worker:
         self.compile_s = compile_model(self.model, config.compilation, device, tp.size, progress)
 
     def param_bytes(self) -> int:
-        """The weights' bytes, with their packed bfloat16 copies."""
-        seen: set[int] = set()
-        total = self.packed_bytes
-        for p in self.model.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel() * p.element_size()
-        return total
+        """The weights' bytes in memory: the parameters (a freed float32 weight is a meta
+        tensor and counts nothing) and the packed bfloat16 copies."""
+        tensors = {id(p): p for p in self.model.parameters() if not p.is_meta}
+        for module in self.model.modules():
+            packed = getattr(module, "packed_weight", None)
+            if packed is not None:
+                tensors[id(packed)] = packed
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def available_kv_blocks(self) -> int:
         per_block = kv_bytes_per_block(self.config, self.tp)

@@ -104,3 +104,37 @@ def test_by_default_only_large_cpu_steps_run_compiled(demo_dir) -> None:
     # Steps: 256 prefill tokens (compiled), then 44 + 40 + 1 decode (84: eager), then decodes
     # of 2 tokens (eager). Only the first step's layers ran the compiled pieces.
     assert steps == [256] * len(llm.engine.executor.worker.model.layers)
+
+
+def test_compiled_bfloat16_checkpoint_keeps_the_float32_weights(tmp_path) -> None:
+    # The compiled pieces run torch's linear on the float32 weights; the eager small steps
+    # read the packed bfloat16 copies (workers/layers/cpu_kernels.py use_cpu_kernels).
+    from tests.checkpoints import make_checkpoint
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3", dtype="bfloat16")
+    llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, compile=True)
+    assert _compiled(llm)
+    model = llm.engine.executor.worker.model
+    qkv = model.layers[0].self_attn.qkv_proj
+    if llm.engine.executor.worker.cpu_kernel is not None:
+        assert qkv.packed_weight is not None
+    assert not qkv.weight.is_meta
+    compiled_steps: list[int] = []
+    pre = model.compiled.pre
+
+    def counting_pre(layer, positions, x):  # noqa: ANN001, ANN202
+        compiled_steps.append(x.shape[0])
+        return pre(layer, positions, x)
+
+    model.compiled.pre = counting_pre
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, llm.engine.vocab_size) for _ in range(n)] for n in LENGTHS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert compiled_steps  # the prefill step ran compiled, the decode steps eagerly
+    hf = load_hf(path)
+    exact = sum(
+        assert_greedy_match(hf, p, o.outputs[0].token_ids, hf_greedy(hf, p, MAX_TOKENS))
+        for p, o in zip(prompts, outs, strict=True)
+    )
+    assert exact >= len(prompts) - 1

@@ -98,8 +98,9 @@ def test_logprobs_match_transformers(kind: str, checkpoints) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # qwen2: biases on q/k/v
 def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(kind: str, tmp_path) -> None:
-    # On CPU the few-row linears then read packed bfloat16 copies of the weights (exact
-    # values, half the bytes): the tokens must stay transformers' float32 tokens.
+    # On CPU the linears then read packed bfloat16 copies of the weights (exact values, half
+    # the bytes): the tokens must stay transformers' float32 tokens. Long prompts make
+    # prefill steps of more rows than BF16_MAX_ROWS.
     path = make_checkpoint(kind, tmp_path / kind, dtype="bfloat16")
     llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, dtype="float32")
     worker = llm.engine.executor.worker
@@ -107,6 +108,10 @@ def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(kind: str,
         model = worker.model
         assert model.lm_head.packed_weight is not None
         assert model.layers[0].self_attn.qkv_proj.packed_weight is not None
+        # Freed float32 weights (not compiled): every step reads the copies; a tied LM head
+        # keeps the embedding's.
+        assert model.layers[0].self_attn.qkv_proj.weight.is_meta
+        assert model.lm_head.weight.is_meta != model.config.tie_word_embeddings
     prompts = _prompts(llm.engine.vocab_size, seed=3)[::2]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)

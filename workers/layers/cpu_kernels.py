@@ -7,8 +7,8 @@ and loaded through ctypes (sources in csrc/):
 - paged prefill attention: the query tokens of prefill chunks, in blocks that share each
   K/V read, flash-attention style;
 - skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py);
-- bfloat16-weight GEMM: the same steps for weights that are exactly bfloat16 (a bfloat16
-  checkpoint served in float32): half the bytes per step, the same values;
+- bfloat16-weight GEMM: linear layers whose weights are exactly bfloat16 (a bfloat16
+  checkpoint served in float32): half the bytes per step and in memory, the same values;
 - RMSNorm in one pass instead of seven torch ops (workers/layers/norm.py);
 - rotary embedding of q and k in place, one pass (workers/layers/rotary.py);
 - SiLU-and-mul of the fused gate/up projection (workers/models/llama.py MLP).
@@ -346,20 +346,39 @@ def silu_and_mul_cpu(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL) -> int:
+def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: bool) -> int:
     """Route a loaded model's layers through `lib`: every module with a `cpu_kernels` slot
     (linear layers and the LM head, norms, rotary, MLP) whose tensors are dense float32.
-    Linear layers whose weights are exactly bfloat16 also get a packed bfloat16 copy for
-    their few-row steps (`packed_weight`). Returns the bytes those copies take."""
-    packed_bytes = 0
+
+    Linear layers whose weights are exactly bfloat16 also get a packed bfloat16 copy
+    (`packed_weight`). With `free_float32`, a weight no other module shares (a tied LM head
+    shares the embedding's) is then replaced by a shape-only meta tensor and every step of
+    the layer reads the copy: half the float32 weight's memory instead of half as much again.
+    Without it (the compiled pieces run torch's linear on the float32 weight) both are kept.
+    Returns the bytes of host memory this adds (negative: frees)."""
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                holders[id(param)] = holders.get(id(param), 0) + 1
+    added = 0
     for module in model.modules():
         if not hasattr(module, "cpu_kernels"):
             continue
         tensors = [*module.parameters(), *module.buffers()]
-        if tensors and all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
-            module.cpu_kernels = lib
-            if hasattr(module, "packed_weight"):
-                module.packed_weight = pack_bf16_weight(module.weight)
-                if module.packed_weight is not None:
-                    packed_bytes += module.packed_weight.nbytes
-    return packed_bytes
+        if not tensors or not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+            continue
+        module.cpu_kernels = lib
+        if not hasattr(module, "packed_weight"):
+            continue
+        weight = module.weight
+        module.packed_weight = pack_bf16_weight(weight)
+        if module.packed_weight is None:
+            continue
+        added += module.packed_weight.nbytes
+        if free_float32 and holders[id(weight)] == 1:
+            module.weight = torch.nn.Parameter(
+                torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False
+            )
+            added -= weight.nbytes
+    return added

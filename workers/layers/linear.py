@@ -8,8 +8,9 @@ Weights are filled by `workers.loader`, which hands each layer only its own slic
 On CPU in float32, `linear` sends steps of a few rows (a decode step of a few sequences) to
 C kernels where the BLAS runs far below the memory bandwidth
 (`workers.layers.cpu_kernels.use_cpu_kernels` turns them on): weights that are exactly
-bfloat16 (a bfloat16 checkpoint) to csrc/bf16_linear.c, which streams half the bytes; other
-float32 weights to the skinny GEMM, csrc/skinny_gemm.c.
+bfloat16 (a bfloat16 checkpoint) to csrc/bf16_linear.c, which streams half the bytes (and
+serves every step once the float32 copy is freed); other float32 weights to the skinny
+GEMM, csrc/skinny_gemm.c.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def linear(
         and x.dim() == 2
     ):
         rows = x.shape[0]
-        if packed_weight is not None and 0 < rows <= BF16_MAX_ROWS:
+        # A meta `weight`: the float32 copy was freed and the packed one serves every step.
+        if packed_weight is not None and (rows <= BF16_MAX_ROWS or weight.is_meta):
             return bf16_linear(cpu_kernels, x, packed_weight, weight.shape[0], bias)
         if rows in SKINNY_ROWS:
             return skinny_linear(cpu_kernels, x, weight, bias)

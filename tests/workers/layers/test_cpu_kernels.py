@@ -436,6 +436,7 @@ def test_linear_routes_rows_by_count_and_weight(lib, monkeypatch):
         (1, w16, packed, "bf16_linear"),
         (linear_mod.BF16_MAX_ROWS, w16, packed, "bf16_linear"),
         (linear_mod.BF16_MAX_ROWS + 1, w16, packed, None),  # the BLAS
+        (1000, torch.empty(64, 32, device="meta"), packed, "bf16_linear"),  # freed float32
         (8, w32, None, "skinny_linear"),  # float32 weights: the skinny kernel
         (1, w32, None, None),
     ]:
@@ -443,4 +444,51 @@ def test_linear_routes_rows_by_count_and_weight(lib, monkeypatch):
         x = torch.randn(rows, 32)
         out = linear_mod.linear(x, w, None, lib, p)
         assert calls == ([expected] if expected else []), (rows, expected)
-        torch.testing.assert_close(out, F.linear(x, w), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, F.linear(x, w16 if w.is_meta else w), atol=1e-5, rtol=1e-5)
+
+
+def _toy_model(bf16: bool) -> torch.nn.Module:
+    """A column-parallel linear, and an LM head tied to an embedding (they share a weight)."""
+    from workers.distributed import TPGroup
+    from workers.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+    from workers.layers.linear import ColumnParallelLinear
+
+    tp, f32 = TPGroup(), torch.float32
+    model = torch.nn.Module()
+    model.proj = ColumnParallelLinear(32, [48, 16], True, tp, f32)
+    model.embed = VocabParallelEmbedding(100, 32, tp, f32)
+    model.head = ParallelLMHead(model.embed, 100, 32, tp, f32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape).bfloat16().float() if bf16 else torch.randn(p.shape))
+    return model
+
+
+@pytest.mark.parametrize("free", [False, True])
+def test_use_cpu_kernels_frees_only_unshared_bfloat16_weights(lib, free):
+    from workers.layers.cpu_kernels import use_cpu_kernels
+
+    model = _toy_model(bf16=True)
+    proj_w, head_w = model.proj.weight.clone(), model.head.weight.clone()
+    x = torch.randn(300, 32)  # above BF16_MAX_ROWS: the BLAS unless the weight was freed
+    expected = F.linear(x, proj_w, model.proj.bias)
+
+    added = use_cpu_kernels(model, lib, free_float32=free)
+
+    assert model.proj.packed_weight is not None and model.head.packed_weight is not None
+    assert model.proj.weight.is_meta == free
+    assert not model.head.weight.is_meta  # the embedding still reads it
+    assert torch.equal(model.embed.weight, head_w)
+    packed = model.proj.packed_weight.nbytes + model.head.packed_weight.nbytes
+    assert added == packed - (proj_w.nbytes if free else 0)
+    torch.testing.assert_close(model.proj(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.head(x[:5]), F.linear(x[:5], head_w), atol=1e-5, rtol=1e-5)
+
+
+def test_use_cpu_kernels_leaves_float32_valued_weights_alone(lib):
+    from workers.layers.cpu_kernels import use_cpu_kernels
+
+    model = _toy_model(bf16=False)
+    assert use_cpu_kernels(model, lib, free_float32=True) == 0
+    assert model.proj.packed_weight is None and not model.proj.weight.is_meta
+    assert model.proj.cpu_kernels is lib  # the skinny kernel and the BLAS still serve it

@@ -11,19 +11,25 @@ tools are read by cluster/ingress/structured.py and cluster/ingress/tools.py, sh
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from cluster.errors import InvalidRequestError
 from cluster.ingress import checks, structured, tools
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
+# JSON numbers and booleans only: in pydantic's lax mode `false` passed as 0, "1.5" as 1.5
+# and 1 as true, where the API's schema (and OpenAI's) says otherwise (the fuzz tests send them).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # strict floats still take JSON integers
+Bool = Annotated[bool, Strict()]  # not 0/1 or "true"
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class _SamplingFields(BaseModel):
@@ -32,25 +38,25 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
+    n: Int = 1
+    temperature: Float | None = None
+    top_p: Float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
+    seed: Int | None = None
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    logit_bias: dict[str, Float] | None = None
     # vLLM extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    top_k: Int | None = None
+    min_p: Float | None = None
+    repetition_penalty: Float | None = None
+    ignore_eos: Bool = False
+    min_tokens: Int = 0
+    stop_token_ids: list[Int] | None = None
+    skip_special_tokens: Bool = True
+    include_stop_str_in_output: Bool = False
     # Output constraints: OpenAI's, vLLM's, and vLLM's older names (at most one is set).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -109,11 +115,11 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    logprobs: int | None = None
-    echo: bool = False
-    best_of: int | None = None
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    max_tokens: Int | None = DEFAULT_MAX_TOKENS
+    logprobs: Int | None = None
+    echo: Bool = False
+    best_of: Int | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -174,14 +180,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
+    logprobs: Bool = False
+    top_logprobs: Int | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    add_generation_prompt: bool = True
+    parallel_tool_calls: Bool | None = None
+    add_generation_prompt: Bool = True
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
@@ -216,7 +222,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: Bool = True
     tools: list[Any] | None = None  # listed by the chat template, as for a chat request
 
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -227,4 +233,4 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]

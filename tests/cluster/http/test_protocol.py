@@ -161,3 +161,26 @@ def test_unknown_fields_are_ignored() -> None:
     body = CompletionRequest(prompt="hi", user="u1", service_tier="auto")
     assert body.sampling_params().max_tokens == 16
     assert TokenizeRequest(prompt="x", whatever=1).prompt == "x"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency_penalty", False),  # found by the schema fuzzer: lax mode read it as 0.0
+        ("temperature", "0.5"),
+        ("max_tokens", True),
+        ("n", 1.0),
+        ("stream", 1),
+        ("prompt", [1, True]),  # token ids
+        ("stop_token_ids", [False]),
+    ],
+)
+def test_json_types_are_not_coerced(field: str, value: Any) -> None:
+    with pytest.raises(pydantic.ValidationError) as err:
+        CompletionRequest.model_validate({"prompt": "hi", field: value})
+    assert err.value.errors()[0]["loc"][0] == field
+
+
+def test_json_integers_are_numbers() -> None:
+    body = CompletionRequest.model_validate({"prompt": [5, 6], "temperature": 1, "top_p": 1})
+    assert body.temperature == 1.0 and body.prompts() == [[5, 6]]

@@ -76,12 +76,16 @@ class Worker:
         self.packed_bytes = 0
         if device.type == "cpu" and config.torch_dtype == torch.float32:
             from workers.layers.cpu_kernels import kernel, use_cpu_kernels
+            from workers.models.cpu_layers import CpuLayers
 
             self.cpu_kernel = kernel()
             if self.cpu_kernel is not None:
                 # The compiled pieces run torch's linear: they need the float32 weights.
                 free = not config.compilation.enabled
                 self.packed_bytes = use_cpu_kernels(self.model, self.cpu_kernel, free_float32=free)
+                # Eager steps run the layers as direct kernel calls, without the modules'
+                # per-call Python (workers/models/cpu_layers.py).
+                self.model.cpu_layers = CpuLayers.from_model(self.model, self.cpu_kernel)
             if self.packed_bytes:
                 log.info(
                     "bfloat16 weights: the linear layers read packed bfloat16 copies "

@@ -118,6 +118,9 @@ class LlamaForCausalLM(nn.Module):
         )
         # Set by workers.compile.compile_model: the compiled pieces (None: eager).
         self.compiled: Any = None
+        # Set by the worker on CPU with the C kernels: workers.models.cpu_layers.CpuLayers, the
+        # layers as direct kernel calls (None: the modules).
+        self.cpu_layers: Any = None
 
     def forward(
         self,
@@ -144,6 +147,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """The eager path: [T, hidden] after the last layer, before the final norm."""
         x = self.embed_tokens(input_ids)
+        if self.cpu_layers is not None and meta.num_kernel_rows == x.shape[0]:
+            return self.cpu_layers.run(x, positions, kv_caches, meta)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(positions, x, cache, meta)
         return x

@@ -115,6 +115,8 @@ def _build() -> ctypes.CDLL | None:
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float]
     lib.silu_and_mul.restype = None
     lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.kvray_vector_bytes.restype = ctypes.c_int
+    lib.kvray_vector_bytes.argtypes = []
     lib.rotary.restype = None
     lib.rotary.argtypes = (
         [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] + [ctypes.c_int64] * 5
@@ -130,6 +132,14 @@ def kernel() -> ctypes.CDLL | None:
     except Exception:  # noqa: BLE001 - never fatal: the torch path is always there
         log.exception("CPU kernels unavailable")
         return None
+
+
+def wide_vectors(lib: ctypes.CDLL) -> bool:
+    """Whether `lib` was built for 64-byte vectors (AVX-512). Only then do the GEMM kernels
+    (skinny, bfloat16 weights) and the prefill-attention kernel run fast: built for AVX2 they
+    measured 10-100x slower than torch (csrc/vector_width.c), so the engine keeps torch's
+    linear and SDPA for prefill chunks there."""
+    return lib.kvray_vector_bytes() >= 64
 
 
 def paged_decode_attention_cpu(
@@ -355,6 +365,7 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
     shares the embedding's) is then replaced by a shape-only meta tensor and every step of
     the layer reads the copy: half the float32 weight's memory instead of half as much again.
     Without it (the compiled pieces run torch's linear on the float32 weight) both are kept.
+    A library built without 64-byte vectors (`wide_vectors`) takes no linear layer.
     Returns the bytes of host memory this adds (negative: frees)."""
     holders: dict[int, int] = {}
     for module in model.modules():
@@ -362,14 +373,18 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
             if param is not None:
                 holders[id(param)] = holders.get(id(param), 0) + 1
     added = 0
+    wide = wide_vectors(lib)
     for module in model.modules():
         if not hasattr(module, "cpu_kernels"):
             continue
         tensors = [*module.parameters(), *module.buffers()]
         if not tensors or not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
             continue
+        is_linear = hasattr(module, "packed_weight")
+        if is_linear and not wide:
+            continue  # torch's linear: the GEMM kernels are slow without AVX-512
         module.cpu_kernels = lib
-        if not hasattr(module, "packed_weight"):
+        if not is_linear:
             continue
         weight = module.weight
         module.packed_weight = pack_bf16_weight(weight)

@@ -34,6 +34,7 @@ class _Linear:
     """One linear layer's tensors and their addresses (read once: the weights never move)."""
 
     weight: torch.Tensor  # [N, K] float32, or a meta tensor once the packed copy serves
+    kernels: bool  # whether it runs through the GEMM kernels (`use_cpu_kernels` decided)
     packed: torch.Tensor | None  # the packed bfloat16 copy (cpu_kernels.pack_bf16_weight)
     bias: torch.Tensor | None  # added here (column-parallel), or after the all-reduce
     n: int
@@ -48,6 +49,7 @@ class _Linear:
         bias = module.bias if with_bias else None
         return cls(
             weight=w,
+            kernels=module.cpu_kernels is not None,
             packed=packed,
             bias=bias,
             n=w.shape[0],
@@ -101,11 +103,14 @@ class CpuLayers:
     @staticmethod
     def from_model(model: Any, lib: ctypes.CDLL | None) -> CpuLayers | None:
         """The runner, or None unless every module of every layer runs through `lib` (which
-        `use_cpu_kernels` decides: dense float32 tensors)."""
+        `use_cpu_kernels` decides: dense float32 tensors), linear layers excepted: those may
+        keep torch's linear (a library without 64-byte vectors takes none of them)."""
         if lib is None:
             return None
         for layer in model.layers:
             for module in layer.modules():
+                if hasattr(module, "packed_weight"):
+                    continue
                 if hasattr(module, "cpu_kernels") and module.cpu_kernels is not lib:
                     return None
         return CpuLayers(model, lib)
@@ -249,7 +254,9 @@ class CpuLayers:
         threads: int,
     ) -> None:
         """out = src @ W.T (+ bias), routed as `workers.layers.linear.linear` routes it."""
-        if lin.packed is not None and (rows <= BF16_MAX_ROWS or lin.weight.is_meta):
+        if not lin.kernels:
+            self._torch_linear(lin, src, out)
+        elif lin.packed is not None and (rows <= BF16_MAX_ROWS or lin.weight.is_meta):
             status = self.lib.bf16_linear(
                 src_ptr, lin.packed_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n, threads
             )
@@ -257,7 +264,13 @@ class CpuLayers:
                 raise MemoryError("bf16_linear: no memory for its copy of x")
         elif rows in SKINNY_ROWS:
             self.lib.skinny_gemm(src_ptr, lin.weight_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n)
-        elif lin.bias is not None:
+        else:
+            self._torch_linear(lin, src, out)
+
+    @staticmethod
+    def _torch_linear(lin: _Linear, src: torch.Tensor, out: torch.Tensor) -> None:
+        # What nn.functional.linear runs for 2-D inputs, into the step's buffer.
+        if lin.bias is not None:
             torch.addmm(lin.bias, src, lin.weight.t(), out=out)
         else:
             torch.mm(src, lin.weight.t(), out=out)

@@ -492,3 +492,82 @@ def test_use_cpu_kernels_leaves_float32_valued_weights_alone(lib):
     assert use_cpu_kernels(model, lib, free_float32=True) == 0
     assert model.proj.packed_weight is None and not model.proj.weight.is_meta
     assert model.proj.cpu_kernels is lib  # the skinny kernel and the BLAS still serve it
+
+
+class _NarrowLib:
+    """The real library, reporting the vectors of an AVX2 build (32 bytes)."""
+
+    def __init__(self, lib) -> None:
+        self._lib = lib
+
+    def kvray_vector_bytes(self) -> int:
+        return 32
+
+    def __getattr__(self, name: str):
+        return getattr(self._lib, name)
+
+
+def test_the_library_reports_the_vectors_it_was_built_for(lib):
+    from pathlib import Path
+
+    from workers.layers.cpu_kernels import wide_vectors
+
+    flags = next(
+        (
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        ),
+        "",
+    ).split()
+    assert wide_vectors(lib) == ("avx512f" in flags)  # the build is -march=native
+    assert not wide_vectors(_NarrowLib(lib))
+
+
+def test_without_wide_vectors_linears_keep_torch_and_chunks_keep_sdpa(lib):
+    from workers.layers.cpu_kernels import use_cpu_kernels
+    from workers.model_runner import SeqState, prepare_inputs
+    from workers.sampling_params import SamplingParams
+
+    narrow = _NarrowLib(lib)
+    model = _toy_model(bf16=True)
+    assert use_cpu_kernels(model, narrow, free_float32=True) == 0
+    for module in (model.proj, model.head):
+        assert module.cpu_kernels is None and module.packed_weight is None
+        assert not module.weight.is_meta
+
+    def state(name: str, length: int, computed: int, scheduled: int, blocks: list[int]):
+        s = SeqState(name, length, list(range(length)), SamplingParams(), blocks)
+        s.num_computed_tokens, s.num_scheduled = computed, scheduled
+        return s
+
+    seqs = [state("long", 136, 120, 16, list(range(10, 19))), state("decode", 31, 30, 1, [1, 2])]
+    meta = prepare_inputs(seqs, BLOCK, torch.device("cpu"), narrow).meta
+    assert (meta.num_decodes, meta.num_kernel_rows, meta.prefill_chunks) == (1, 1, None)
+    assert [(p.q_start, p.q_len, p.context_len) for p in meta.prefills] == [(1, 16, 136)]
+
+
+def test_without_wide_vectors_the_engine_gives_the_same_tokens(demo_dir, lib, monkeypatch):
+    import workers.layers.cpu_kernels as cpu_kernels
+    from workers import LLM, SamplingParams
+    from workers.models.cpu_layers import CpuLayers
+
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(10, 3000, (80,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40)]
+    prompts.append(torch.randint(10, 3000, (150,), generator=gen).tolist())
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    outs = []
+    for narrow in (False, True):
+        if narrow:
+            monkeypatch.setattr(cpu_kernels, "kernel", lambda: _NarrowLib(lib))
+        llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
+        model = llm.engine.executor.worker.model
+        # Decode steps still run as direct calls, with torch's linear.
+        assert isinstance(model.cpu_layers, CpuLayers)
+        assert model.layers[0].mlp.down_proj.cpu_kernels is (None if narrow else lib)
+        llm.generate(prompts[:1], params, use_tqdm=False)  # caches the prefix
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        assert llm.stats().prefix_cache_hits > 0
+        llm.engine.shutdown()
+    assert outs[0] == outs[1]

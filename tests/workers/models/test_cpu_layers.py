@@ -81,5 +81,8 @@ def test_only_when_every_module_runs_through_the_kernels(checkpoints) -> None:
     lib = model.layers[0].input_layernorm.cpu_kernels
     assert lib is not None and CpuLayers.from_model(model, lib) is not None
     assert CpuLayers.from_model(model, None) is None
-    model.layers[-1].mlp.down_proj.cpu_kernels = None  # as for a tensor the kernels do not take
+    # A linear layer may keep torch's linear (a library without 64-byte vectors takes none).
+    model.layers[-1].mlp.down_proj.cpu_kernels = None
+    assert CpuLayers.from_model(model, lib) is not None
+    model.layers[-1].post_attention_layernorm.cpu_kernels = None  # as for a tensor it cannot take
     assert CpuLayers.from_model(model, lib) is None

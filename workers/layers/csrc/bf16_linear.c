@@ -20,8 +20,10 @@
  * is first copied as [K][rows] so its broadcasts come from one cache line per k.
  * Threads split the panels; a panel stays in L1/L2 while every row tile passes over it.
  *
- * GCC vector extensions, not intrinsics: the same source builds for AVX-512, AVX2 or
- * anything else the compiler targets (-march=native).
+ * GCC vector extensions, not intrinsics: the same source builds for whatever the compiler
+ * targets (-march=native), but it is fast only with 64-byte vectors (AVX-512): GCC lowers
+ * them badly to AVX2, where this measured 10-100x slower than torch, so the engine does not
+ * call it there (csrc/vector_width.c).
  */
 #include <stdint.h>
 #include <stdlib.h>

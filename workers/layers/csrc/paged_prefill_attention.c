@@ -18,7 +18,9 @@
  * read once per task instead of once per query row.
  *
  * Built with -ffast-math; masked scores are a large negative finite value, not -inf, which
- * -ffast-math assumes away.
+ * -ffast-math assumes away. Its 64-byte vectors are fast only on AVX-512: GCC lowers them
+ * badly to AVX2 (20x slower than SDPA there), so the engine does not call it on such builds
+ * (csrc/vector_width.c).
  */
 #include <stdint.h>
 #include <stdlib.h>

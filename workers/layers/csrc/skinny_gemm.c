@@ -7,8 +7,10 @@
  * per step and multiplies it with all M inputs while it is in L1: a 4 x 4 register tile of
  * (input row, weight row) dot products, 16 lanes of K at a time, reduced at the end.
  *
- * GCC vector extensions, not intrinsics: the same source builds for AVX-512, AVX2 or
- * anything else the compiler targets (-march=native).
+ * GCC vector extensions, not intrinsics: the same source builds for whatever the compiler
+ * targets (-march=native), but it is fast only with 64-byte vectors (AVX-512): GCC lowers
+ * them badly to AVX2, where this measured 10-100x slower than torch, so the engine does not
+ * call it there (csrc/vector_width.c).
  */
 #include <stdint.h>
 #include <string.h>

@@ -135,7 +135,16 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
     # The test passes this raylet's pid in the environment: the worker node's raylet.
     os.kill(int(os.environ["KVRAY_TEST_KILL_PID"]), signal.SIGKILL)
     result["failures"] = failures(load.wait(), expected)
-    survivors = wait_until_idle(app, 1)
+    # The worker node's replica can still answer for a moment after its raylet died (its
+    # process notices late), and once it did, reporting itself idle; the survivor is the
+    # replica that answers after that. A bound, not a latency assert: past it, whatever
+    # answered is reported and the test's node check fails.
+    deadline = time.monotonic() + 60
+    while True:
+        survivors = wait_until_idle(app, 1)
+        if all(s["node_id"] == head for s in survivors.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     result["survivor_blocks"] = [s["kv_blocks_used"] for s in survivors.values()]
     result["survivor_nodes"] = sorted({s["node_id"] == head for s in survivors.values()})
     out.write_text(json.dumps(result))

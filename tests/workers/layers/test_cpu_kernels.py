@@ -17,6 +17,7 @@ from workers.layers.cpu_kernels import (
     paged_prefill_attention_cpu,
     silu_and_mul_cpu,
     skinny_linear,
+    wide_vectors,
 )
 from workers.layers.norm import RMSNorm
 from workers.layers.rotary import RotaryEmbedding
@@ -30,6 +31,26 @@ def lib():
     if lib is None:
         pytest.skip("no C compiler: the engine uses the torch path")
     return lib
+
+
+class _Width:
+    """The real library, reporting vectors of `bytes` (32: an AVX2 build, 64: AVX-512)."""
+
+    def __init__(self, lib, bytes: int) -> None:  # noqa: A002
+        self._lib, self._bytes = lib, bytes
+
+    def kvray_vector_bytes(self) -> int:
+        return self._bytes
+
+    def __getattr__(self, name: str):
+        return getattr(self._lib, name)
+
+
+@pytest.fixture(scope="module")
+def wide_lib(lib):
+    """`lib`, reporting 64-byte vectors whatever it was built for: the routing to the GEMM and
+    prefill kernels is tested on any host (without AVX-512 they are slow there, not wrong)."""
+    return lib if wide_vectors(lib) else _Width(lib, 64)
 
 
 def _reference(q, k_cache, v_cache, tables, lens, scale):
@@ -200,15 +221,10 @@ def test_a_cpu_float32_engine_routes_through_the_kernels(lib, demo_llm):
     model = worker.model
     layer = model.layers[-1]
     attn = layer.self_attn
-    routed = [
-        model.lm_head,
-        attn.qkv_proj,
-        layer.mlp,
-        layer.mlp.down_proj,
-        attn.q_norm,
-        attn.rotary,
-    ]
-    assert all(m.cpu_kernels is lib for m in routed)
+    assert all(m.cpu_kernels is lib for m in (layer.mlp, attn.q_norm, attn.rotary))
+    # The linears only where the GEMM kernels are fast (64-byte vectors).
+    linears = (model.lm_head, attn.qkv_proj, layer.mlp.down_proj)
+    assert all(m.cpu_kernels is (lib if wide_vectors(lib) else None) for m in linears)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 300])  # 300 x 256: the threaded branch
@@ -282,7 +298,7 @@ def test_rotary_takes_int32_positions(lib):
     torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)
 
 
-def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(lib):
+def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(wide_lib):
     from workers.model_runner import PREFILL_KERNEL_MIN_CONTEXT, SeqState, prepare_inputs
     from workers.sampling_params import SamplingParams
 
@@ -296,7 +312,7 @@ def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(lib):
     fresh = state("fresh", 20, 0, 20, [7, 8])  # context 20: a row per token
     decode = state("decode", 31, 30, 1, [1, 2])  # position 30 of a 31-token sequence
     cached = state("cached", 40, 32, 8, [3, 4, 5])  # 32 cached tokens, 8 to compute
-    inp = prepare_inputs([long, fresh, decode, cached], BLOCK, torch.device("cpu"), lib)
+    inp = prepare_inputs([long, fresh, decode, cached], BLOCK, torch.device("cpu"), wide_lib)
     meta = inp.meta
     assert (meta.num_decodes, meta.num_row_kernel_rows, meta.num_kernel_rows) == (1, 29, 45)
     assert meta.prefills == []
@@ -318,7 +334,7 @@ def test_prefill_chunks_follow_the_decodes_short_contexts_as_rows(lib):
 
 
 @pytest.mark.parametrize("head_dim", [64, 72])  # 72: the prefill kernel refuses it: all rows
-def test_paged_attention_on_the_kernels_matches_its_torch_path(lib, head_dim):
+def test_paged_attention_on_the_kernels_matches_its_torch_path(wide_lib, head_dim):
     from workers.layers.attention import PagedAttention
     from workers.model_runner import SeqState, prepare_inputs
     from workers.sampling_params import SamplingParams
@@ -347,7 +363,7 @@ def test_paged_attention_on_the_kernels_matches_its_torch_path(lib, head_dim):
     v = torch.randn(total, kv_heads, head_dim, generator=gen)
     attention = PagedAttention(heads, kv_heads, head_dim, head_dim**-0.5)
     outs, metas = {}, {}
-    for path, kernel_lib in (("kernels", lib), ("torch", None)):
+    for path, kernel_lib in (("kernels", wide_lib), ("torch", None)):
         inp = prepare_inputs(states, BLOCK, torch.device("cpu"), kernel_lib)
         # Both layouts put the tokens in the same order here: decodes, then the chunks.
         assert inp.positions.tolist() == [40, *range(20), *range(90), *range(70, 79)]
@@ -465,7 +481,7 @@ def _toy_model(bf16: bool) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("free", [False, True])
-def test_use_cpu_kernels_frees_only_unshared_bfloat16_weights(lib, free):
+def test_use_cpu_kernels_frees_only_unshared_bfloat16_weights(wide_lib, free):
     from workers.layers.cpu_kernels import use_cpu_kernels
 
     model = _toy_model(bf16=True)
@@ -473,7 +489,7 @@ def test_use_cpu_kernels_frees_only_unshared_bfloat16_weights(lib, free):
     x = torch.randn(300, 32)  # above BF16_MAX_ROWS: the BLAS unless the weight was freed
     expected = F.linear(x, proj_w, model.proj.bias)
 
-    added = use_cpu_kernels(model, lib, free_float32=free)
+    added = use_cpu_kernels(model, wide_lib, free_float32=free)
 
     assert model.proj.packed_weight is not None and model.head.packed_weight is not None
     assert model.proj.weight.is_meta == free
@@ -485,32 +501,17 @@ def test_use_cpu_kernels_frees_only_unshared_bfloat16_weights(lib, free):
     torch.testing.assert_close(model.head(x[:5]), F.linear(x[:5], head_w), atol=1e-5, rtol=1e-5)
 
 
-def test_use_cpu_kernels_leaves_float32_valued_weights_alone(lib):
+def test_use_cpu_kernels_leaves_float32_valued_weights_alone(wide_lib):
     from workers.layers.cpu_kernels import use_cpu_kernels
 
     model = _toy_model(bf16=False)
-    assert use_cpu_kernels(model, lib, free_float32=True) == 0
+    assert use_cpu_kernels(model, wide_lib, free_float32=True) == 0
     assert model.proj.packed_weight is None and not model.proj.weight.is_meta
-    assert model.proj.cpu_kernels is lib  # the skinny kernel and the BLAS still serve it
-
-
-class _NarrowLib:
-    """The real library, reporting the vectors of an AVX2 build (32 bytes)."""
-
-    def __init__(self, lib) -> None:
-        self._lib = lib
-
-    def kvray_vector_bytes(self) -> int:
-        return 32
-
-    def __getattr__(self, name: str):
-        return getattr(self._lib, name)
+    assert model.proj.cpu_kernels is wide_lib  # the skinny kernel and the BLAS still serve it
 
 
 def test_the_library_reports_the_vectors_it_was_built_for(lib):
     from pathlib import Path
-
-    from workers.layers.cpu_kernels import wide_vectors
 
     flags = next(
         (
@@ -521,7 +522,7 @@ def test_the_library_reports_the_vectors_it_was_built_for(lib):
         "",
     ).split()
     assert wide_vectors(lib) == ("avx512f" in flags)  # the build is -march=native
-    assert not wide_vectors(_NarrowLib(lib))
+    assert not wide_vectors(_Width(lib, 32))
 
 
 def test_without_wide_vectors_linears_keep_torch_and_chunks_keep_sdpa(lib):
@@ -529,7 +530,7 @@ def test_without_wide_vectors_linears_keep_torch_and_chunks_keep_sdpa(lib):
     from workers.model_runner import SeqState, prepare_inputs
     from workers.sampling_params import SamplingParams
 
-    narrow = _NarrowLib(lib)
+    narrow = _Width(lib, 32)
     model = _toy_model(bf16=True)
     assert use_cpu_kernels(model, narrow, free_float32=True) == 0
     for module in (model.proj, model.head):
@@ -560,12 +561,13 @@ def test_without_wide_vectors_the_engine_gives_the_same_tokens(demo_dir, lib, mo
     outs = []
     for narrow in (False, True):
         if narrow:
-            monkeypatch.setattr(cpu_kernels, "kernel", lambda: _NarrowLib(lib))
+            monkeypatch.setattr(cpu_kernels, "kernel", lambda: _Width(lib, 32))
         llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
         model = llm.engine.executor.worker.model
         # Decode steps still run as direct calls, with torch's linear.
         assert isinstance(model.cpu_layers, CpuLayers)
-        assert model.layers[0].mlp.down_proj.cpu_kernels is (None if narrow else lib)
+        wide = not narrow and wide_vectors(lib)
+        assert model.layers[0].mlp.down_proj.cpu_kernels is (lib if wide else None)
         llm.generate(prompts[:1], params, use_tqdm=False)  # caches the prefix
         outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
         assert llm.stats().prefix_cache_hits > 0

@@ -11,6 +11,7 @@ import torch
 
 from tests.checkpoints import make_checkpoint
 from workers import LLM, SamplingParams
+from workers.layers.cpu_kernels import wide_vectors
 from workers.models.cpu_layers import CpuLayers
 
 
@@ -69,7 +70,10 @@ def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path) -> N
     runner.run = run
     prompts = _prompts(direct.engine.vocab_size)
     ours, theirs = _recorded_run(direct, prompts), _recorded_run(modules, prompts)
-    assert calls == len(ours) > 10
+    # Every step, where the prefill kernel takes the chunks; without 64-byte vectors the
+    # chunks take SDPA, and their steps the modules.
+    wide = wide_vectors(runner.lib)
+    assert len(ours) > 10 and (calls == len(ours) if wide else 0 < calls < len(ours))
     assert len(ours) == len(theirs)
     for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         assert torch.equal(a, b), f"step {step}: {a.shape} differs by {(a - b).abs().max()}"

@@ -64,6 +64,9 @@ class PagedAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.gqa = num_heads != num_kv_heads
+        # Head dims the CPU prefill kernel takes; with others every kernel row goes through
+        # the decode kernel.
+        self.blockwise = head_dim % 16 == 0 and head_dim <= 256
 
     def forward(
         self,
@@ -84,9 +87,7 @@ class PagedAttention(nn.Module):
         d = meta.num_decodes
         if meta.num_kernel_rows:
             r = meta.num_kernel_rows
-            # Head dims the prefill kernel does not take: every row through the decode kernel.
-            blockwise = self.head_dim % 16 == 0 and self.head_dim <= 256
-            chunks = meta.prefill_chunks if blockwise else None
+            chunks = meta.prefill_chunks if self.blockwise else None
             rows = r if chunks is None else meta.num_row_kernel_rows
             if rows:
                 out[:rows] = paged_decode_attention_cpu(

@@ -15,6 +15,8 @@ GEMM, csrc/skinny_gemm.c.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -33,6 +35,20 @@ SKINNY_ROWS = range(4, 25)
 BF16_MAX_ROWS = 256
 
 
+def kernel_route(
+    rows: int, weight: torch.Tensor, packed_weight: torch.Tensor | None
+) -> Literal["bf16", "skinny"] | None:
+    """Which CPU GEMM kernel serves a linear layer's step of `rows` rows: the bfloat16-weight
+    one, the skinny one, or None (torch's linear). `linear` and the direct layer calls
+    (workers/models/cpu_layers.py) both route by it."""
+    # A meta `weight`: the float32 copy was freed and the packed one serves every step.
+    if packed_weight is not None and (rows <= BF16_MAX_ROWS or weight.is_meta):
+        return "bf16"
+    if rows in SKINNY_ROWS:
+        return "skinny"
+    return None
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -48,11 +64,10 @@ def linear(
         and not torch.compiler.is_compiling()
         and x.dim() == 2
     ):
-        rows = x.shape[0]
-        # A meta `weight`: the float32 copy was freed and the packed one serves every step.
-        if packed_weight is not None and (rows <= BF16_MAX_ROWS or weight.is_meta):
+        route = kernel_route(x.shape[0], weight, packed_weight)
+        if route == "bf16":
             return bf16_linear(cpu_kernels, x, packed_weight, weight.shape[0], bias)
-        if rows in SKINNY_ROWS:
+        if route == "skinny":
             return skinny_linear(cpu_kernels, x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 

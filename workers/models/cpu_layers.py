@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from workers.layers.attention import AttentionMetadata
-from workers.layers.linear import BF16_MAX_ROWS, SKINNY_ROWS
+from workers.layers.linear import kernel_route
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,7 @@ class CpuLayers:
         self.qk_norm = attn.q_norm is not None
         rotary = attn.rotary
         self._cos, self._sin = rotary.cos.data_ptr(), rotary.sin.data_ptr()
-        # The prefill kernel's head dims (PagedAttention.forward: the rest go row by row).
-        self.blockwise = self.head_dim % 16 == 0 and self.head_dim <= 256
+        self.blockwise = attn.attn.blockwise  # the prefill kernel takes this head dim
         self.layers = [self._layer(layer) for layer in model.layers]
 
     @staticmethod
@@ -254,23 +253,16 @@ class CpuLayers:
         threads: int,
     ) -> None:
         """out = src @ W.T (+ bias), routed as `workers.layers.linear.linear` routes it."""
-        if not lin.kernels:
-            self._torch_linear(lin, src, out)
-        elif lin.packed is not None and (rows <= BF16_MAX_ROWS or lin.weight.is_meta):
+        route = kernel_route(rows, lin.weight, lin.packed) if lin.kernels else None
+        if route == "bf16":
             status = self.lib.bf16_linear(
                 src_ptr, lin.packed_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n, threads
             )
             if status != 0:
                 raise MemoryError("bf16_linear: no memory for its copy of x")
-        elif rows in SKINNY_ROWS:
+        elif route == "skinny":
             self.lib.skinny_gemm(src_ptr, lin.weight_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n)
-        else:
-            self._torch_linear(lin, src, out)
-
-    @staticmethod
-    def _torch_linear(lin: _Linear, src: torch.Tensor, out: torch.Tensor) -> None:
-        # What nn.functional.linear runs for 2-D inputs, into the step's buffer.
-        if lin.bias is not None:
+        elif lin.bias is not None:  # what nn.functional.linear runs, into the step's buffer
             torch.addmm(lin.bias, src, lin.weight.t(), out=out)
         else:
             torch.mm(src, lin.weight.t(), out=out)

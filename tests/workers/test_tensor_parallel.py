@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import ray
@@ -27,21 +28,29 @@ def _prompts(seed: int, lengths=(1, 7, 16, 33, 90, 200)) -> list[list[int]]:  # 
     return [[rng.randrange(3, 3800) for _ in range(n)] for n in lengths]
 
 
+def _tp2_generate(path: str, prompts: list[list[int]]) -> tuple[list[Any], list[int]]:
+    """Greedy outputs at TP = 2, and each rank's weight bytes."""
+    llm = LLM(path, tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
+    try:
+        return llm.generate(prompts, GREEDY, use_tqdm=False), llm.engine.executor.param_bytes()
+    finally:
+        llm.engine.shutdown()
+
+
+def _assert_halves(per_rank: list[int], total: int) -> None:
+    for b in per_rank:
+        assert abs(b - total / 2) / (total / 2) < 0.05, (per_rank, total)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_tp2_matches_tp1_and_transformers(kind: str, checkpoints) -> None:
     path = str(checkpoints[kind])
     prompts = _prompts(1)
     tp1 = LLM(path, kv_cache_memory_bytes=16 << 20).generate(prompts, GREEDY, use_tqdm=False)
-    tp2_llm = LLM(path, tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
-    try:
-        tp2 = tp2_llm.generate(prompts, GREEDY, use_tqdm=False)
-        per_rank = tp2_llm.engine.executor.param_bytes()
-    finally:
-        tp2_llm.engine.shutdown()
+    tp2, per_rank = _tp2_generate(path, prompts)
     total = LLM(path, kv_cache_memory_bytes=1 << 20).engine.executor.worker.param_bytes()
     # Embeddings and LM head are vocab-parallel too; only the norms are replicated.
-    for b in per_rank:
-        assert abs(b - total / 2) / (total / 2) < 0.05, (per_rank, total)
+    _assert_halves(per_rank, total)
     hf = load_hf(path)
     for prompt, a, b in zip(prompts, tp1, tp2, strict=True):
         ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
@@ -61,15 +70,9 @@ def test_tp2_of_a_bfloat16_checkpoint_matches_transformers(tmp_path) -> None:
     packed = tp1.engine.executor.worker.packed_bytes
     total = tp1.engine.executor.worker.param_bytes()
     tp1.engine.shutdown()
-    tp2_llm = LLM(path, tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
-    try:
-        tp2 = tp2_llm.generate(prompts, GREEDY, use_tqdm=False)
-        per_rank = tp2_llm.engine.executor.param_bytes()
-    finally:
-        tp2_llm.engine.shutdown()
+    tp2, per_rank = _tp2_generate(path, prompts)
     if packed:  # the ranks hold their halves of the packed copies too
-        for b in per_rank:
-            assert abs(b - total / 2) / (total / 2) < 0.05, (per_rank, total)
+        _assert_halves(per_rank, total)
     hf = load_hf(path)
     for prompt, out in zip(prompts, tp2, strict=True):
         ours = out.outputs[0].token_ids

@@ -296,10 +296,13 @@ def test_a_hung_step_gets_its_replica_replaced_while_the_other_serves(
     def trickle() -> None:
         # One request every 0.2 s besides the bursts: a whole burst can land on the hanging
         # replica (the router's load figures lag a burst), and then only these show that the
-        # other replica answered meanwhile.
-        while not stop_trickle.is_set():
-            send(4)
-            stop_trickle.wait(0.2)
+        # other replica answered meanwhile. Each is sent without waiting for the one before:
+        # the first of them can land on the hanging replica too, and must not hold back the
+        # rest for the whole hang.
+        with ThreadPoolExecutor(8) as trickle_pool:
+            while not stop_trickle.is_set():
+                trickle_pool.submit(send, 4)
+                stop_trickle.wait(0.2)
 
     trickler = threading.Thread(target=trickle, daemon=True)
     try:

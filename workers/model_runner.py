@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from workers.layers.attention import AttentionMetadata, PrefillSeq
-from workers.layers.cpu_kernels import wide_vectors
+from workers.layers.cpu_kernels import tiled_kernels
 from workers.sampling_params import SamplingParams
 
 
@@ -54,8 +54,8 @@ def prepare_inputs(
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
     kernel_prefills: list[SeqState] = []
-    # Not where the prefill kernel is slow (a build without 64-byte vectors): SDPA per chunk.
-    if cpu_kernel is not None and wide_vectors(cpu_kernel):
+    # Not where the prefill kernel has no register tiles (narrower than AVX2): SDPA per chunk.
+    if cpu_kernel is not None and tiled_kernels(cpu_kernel):
         # Prefill chunks attend through the CPU kernels too, laid out right after the
         # decodes: chunks over a short context as rows of the decode kernel (a row per query
         # token), then the others, whose blocks of query tokens share each K/V read in the

@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from workers.layers.cpu_kernels import kernel, pack_bf16_weight, wide_vectors
+    from workers.layers.cpu_kernels import kernel, pack_bf16_weight, tiled_kernels, wide_vectors
 
     if any(r < 1 for r in args.rows) or args.context < 1 or args.repeats < 1:
         raise SystemExit("--rows, --context and --repeats must be positive")
@@ -84,10 +84,15 @@ def run(args: argparse.Namespace) -> int:
         f"vocab {shape.vocab}; float32 on cpu, {torch.get_num_threads()} torch threads; "
         f"ms per forward (best of {args.repeats}), torch / kernel"
     )
-    if not wide_vectors(lib):
+    if not tiled_kernels(lib):
+        print(
+            "note: this build has vectors narrower than AVX2: the engine keeps torch's linear "
+            "and SDPA for prefill chunks instead of the GEMM and prefill kernels timed below"
+        )
+    elif not wide_vectors(lib):
         print(
             "note: this build has no 64-byte vectors (AVX-512): the engine keeps torch's linear "
-            "and SDPA for prefill chunks instead of the GEMM and prefill kernels timed below"
+            "for float32 weights instead of the skinny GEMM timed below"
         )
     header = (
         f"{'rows':>5}  {'linear (skinny)':>22}  {'linear (bf16 weights)':>22}  "

@@ -110,7 +110,7 @@ def test_compiled_bfloat16_checkpoint_keeps_the_float32_weights(tmp_path) -> Non
     # The compiled pieces run torch's linear on the float32 weights; the eager small steps
     # read the packed bfloat16 copies (workers/layers/cpu_kernels.py use_cpu_kernels).
     from tests.checkpoints import make_checkpoint
-    from workers.layers.cpu_kernels import wide_vectors
+    from workers.layers.cpu_kernels import tiled_kernels
 
     path = make_checkpoint("qwen3", tmp_path / "qwen3", dtype="bfloat16")
     llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, compile=True)
@@ -118,7 +118,7 @@ def test_compiled_bfloat16_checkpoint_keeps_the_float32_weights(tmp_path) -> Non
     model = llm.engine.executor.worker.model
     qkv = model.layers[0].self_attn.qkv_proj
     lib = llm.engine.executor.worker.cpu_kernel
-    if lib is not None and wide_vectors(lib):  # the bfloat16 kernel's builds
+    if lib is not None and tiled_kernels(lib):  # the bfloat16 kernel's builds
         assert qkv.packed_weight is not None
     assert not qkv.weight.is_meta
     compiled_steps: list[int] = []

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf, make_checkpoint
+from tests.workers.kernel_builds import avx2_build
 from tests.workers.parity import assert_greedy_match
 from workers import LLM, SamplingParams
-from workers.layers.cpu_kernels import wide_vectors
+from workers.layers.cpu_kernels import tiled_kernels
 
 # 24 prompt lengths from 1 to 300, around block (16) boundaries on purpose.
 LENGTHS = [
@@ -97,16 +98,25 @@ def test_logprobs_match_transformers(kind: str, checkpoints) -> None:
                 assert tid in lp and abs(lp[tid] - val) < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # qwen2: biases on q/k/v
-def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(kind: str, tmp_path) -> None:
+# qwen2: biases on q/k/v; avx2: the kernels' register tiles for 32-byte vectors.
+@pytest.mark.parametrize(("kind", "build"), [("qwen2", ""), ("qwen3", ""), ("qwen3", "avx2")])
+def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(
+    kind: str, build: str, tmp_path, monkeypatch
+) -> None:
     # On CPU the linears then read packed bfloat16 copies of the weights (exact values, half
     # the bytes): the tokens must stay transformers' float32 tokens. Long prompts make
     # prefill steps of more rows than BF16_MAX_ROWS.
+    if build == "avx2":
+        import workers.layers.cpu_kernels as cpu_kernels
+
+        lib = avx2_build()
+        monkeypatch.setattr(cpu_kernels, "kernel", lambda: lib)
     path = make_checkpoint(kind, tmp_path / kind, dtype="bfloat16")
     llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, dtype="float32")
     worker = llm.engine.executor.worker
-    # The copies exist where the bfloat16 kernel is used: kernels built with 64-byte vectors.
-    if worker.cpu_kernel is not None and wide_vectors(worker.cpu_kernel):
+    # The copies exist where the bfloat16 kernel is used: builds it has register tiles for.
+    assert build != "avx2" or worker.cpu_kernel is lib
+    if worker.cpu_kernel is not None and tiled_kernels(worker.cpu_kernel):
         model = worker.model
         assert model.lm_head.packed_weight is not None
         assert model.layers[0].self_attn.qkv_proj.packed_weight is not None

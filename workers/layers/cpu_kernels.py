@@ -69,7 +69,10 @@ def library_name(src: bytes, flags: list[str], machine: str) -> str:
     return f"kvray-cpu-kernels-{key.hexdigest()[:16]}.so"
 
 
-def _build() -> ctypes.CDLL | None:
+def build(march: str = "native") -> ctypes.CDLL | None:
+    """The kernel library built for `-march=<march>` (cached on disk), or None when it cannot
+    be built. The engine uses `kernel()`, the build for this CPU; another target (`haswell`:
+    AVX2 on an AVX-512 host) lets tests run the kernels' narrower register tiles."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         log.warning("no C compiler found: using the torch paths on CPU")
@@ -78,7 +81,7 @@ def _build() -> ctypes.CDLL | None:
     src = b"".join(path.read_bytes() for path in sources)
     # -ffast-math only when compiling (vectorised exp, reassociated sums): linked with it,
     # a shared library sets flush-to-zero for the whole process when it loads.
-    cflags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11", "-ffast-math"]
+    cflags = ["-O3", f"-march={march}", "-fopenmp", "-fPIC", "-std=c11", "-ffast-math"]
     ldflags = ["-shared", "-fopenmp"]
     out = _cache_dir() / library_name(src, cflags + ldflags, _machine(cc))
     if not out.exists():
@@ -128,17 +131,23 @@ def _build() -> ctypes.CDLL | None:
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library (built once per process), or None when unavailable."""
     try:
-        return _build()
+        return build()
     except Exception:  # noqa: BLE001 - never fatal: the torch path is always there
         log.exception("CPU kernels unavailable")
         return None
 
 
+def tiled_kernels(lib: ctypes.CDLL) -> bool:
+    """Whether `lib` runs its bfloat16-weight GEMM and prefill-attention kernels fast: they
+    have register tiles for 32-byte (AVX2) and 64-byte (AVX-512) vectors, none for narrower
+    builds (csrc/vector_width.c), where the engine keeps torch's linear and SDPA instead."""
+    return lib.kvray_vector_bytes() >= 32
+
+
 def wide_vectors(lib: ctypes.CDLL) -> bool:
-    """Whether `lib` was built for 64-byte vectors (AVX-512). Only then do the GEMM kernels
-    (skinny, bfloat16 weights) and the prefill-attention kernel run fast: built for AVX2 they
-    measured 10-100x slower than torch (csrc/vector_width.c), so the engine keeps torch's
-    linear and SDPA for prefill chunks there."""
+    """Whether `lib` was built for 64-byte vectors (AVX-512). Only then does the skinny GEMM
+    serve linear layers with float32 weights: with AVX2 it measured 0.85-1.2x torch's linear
+    (README, "CPUs without AVX-512"), which then keeps them."""
     return lib.kvray_vector_bytes() >= 64
 
 
@@ -365,7 +374,9 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
     shares the embedding's) is then replaced by a shape-only meta tensor and every step of
     the layer reads the copy: half the float32 weight's memory instead of half as much again.
     Without it (the compiled pieces run torch's linear on the float32 weight) both are kept.
-    A library built without 64-byte vectors (`wide_vectors`) takes no linear layer.
+    Linear layers take the library where one of its GEMMs is fast: with a packed copy where
+    it has the bfloat16 GEMM's tiles (`tiled_kernels`), without one only on AVX-512 builds
+    (`wide_vectors`, the skinny GEMM); others keep torch's linear and their float32 weights.
     Returns the bytes of host memory this adds (negative: frees)."""
     holders: dict[int, int] = {}
     for module in model.modules():
@@ -373,24 +384,24 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
             if param is not None:
                 holders[id(param)] = holders.get(id(param), 0) + 1
     added = 0
-    wide = wide_vectors(lib)
+    tiled, wide = tiled_kernels(lib), wide_vectors(lib)
     for module in model.modules():
         if not hasattr(module, "cpu_kernels"):
             continue
         tensors = [*module.parameters(), *module.buffers()]
         if not tensors or not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
             continue
-        is_linear = hasattr(module, "packed_weight")
-        if is_linear and not wide:
-            continue  # torch's linear: the GEMM kernels are slow without AVX-512
-        module.cpu_kernels = lib
-        if not is_linear:
+        if not hasattr(module, "packed_weight"):  # norms, rotary, MLP activation
+            module.cpu_kernels = lib
             continue
         weight = module.weight
-        module.packed_weight = pack_bf16_weight(weight)
-        if module.packed_weight is None:
+        packed = pack_bf16_weight(weight) if tiled else None
+        if packed is None:
+            if wide:
+                module.cpu_kernels = lib
             continue
-        added += module.packed_weight.nbytes
+        module.cpu_kernels, module.packed_weight = lib, packed
+        added += packed.nbytes
         if free_float32 and holders[id(weight)] == 1:
             module.weight = torch.nn.Parameter(
                 torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from tests.workers.kernel_builds import avx2_build, cpu_flags
 from workers.config import RopeConfig
 from workers.layers.cpu_kernels import (
     bf16_linear,
@@ -17,6 +18,7 @@ from workers.layers.cpu_kernels import (
     paged_prefill_attention_cpu,
     silu_and_mul_cpu,
     skinny_linear,
+    tiled_kernels,
     wide_vectors,
 )
 from workers.layers.norm import RMSNorm
@@ -44,6 +46,13 @@ class _Width:
 
     def __getattr__(self, name: str):
         return getattr(self._lib, name)
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def tiled_lib(request, lib):
+    """`lib`, then the same kernels built for AVX2 (-march=haswell): the bfloat16 GEMM's and
+    the prefill kernel's register tiles for 32-byte vectors run on any AVX2 host."""
+    return lib if request.param == "native" else avx2_build()
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +134,9 @@ def _chunk_reference(q, k_cache, v_cache, table, pos0, scale):
         (96, 1, 32),  # more query heads per KV head than a task's rows: a token per task
     ],
 )
-def test_prefill_kernel_matches_causal_sdpa_over_the_paged_context(lib, heads, kv_heads, head_dim):
+def test_prefill_kernel_matches_causal_sdpa_over_the_paged_context(
+    tiled_lib, heads, kv_heads, head_dim
+):
     gen = torch.Generator().manual_seed(heads * head_dim)
     num_blocks = 64
     k_cache = torch.randn(num_blocks, BLOCK, kv_heads, head_dim, generator=gen)
@@ -146,7 +157,9 @@ def test_prefill_kernel_matches_causal_sdpa_over_the_paged_context(lib, heads, k
     out = torch.full_like(q, float("nan"))
     scale = head_dim**-0.5
 
-    paged_prefill_attention_cpu(lib, q, k_cache, v_cache, tables, torch.tensor(chunks), out, scale)
+    paged_prefill_attention_cpu(
+        tiled_lib, q, k_cache, v_cache, tables, torch.tensor(chunks), out, scale
+    )
 
     assert out[:first].isnan().all()
     for row, n, pos0 in chunks:
@@ -154,12 +167,12 @@ def test_prefill_kernel_matches_causal_sdpa_over_the_paged_context(lib, heads, k
         torch.testing.assert_close(out[row : row + n], expected, atol=2e-5, rtol=1e-4)
 
 
-def test_prefill_kernel_refuses_head_dims_it_does_not_take(lib):
-    q = torch.randn(4, 2, 72)
+def test_prefill_kernel_refuses_head_dims_it_does_not_take(tiled_lib):
+    q = torch.randn(4, 2, 72)  # 72: a multiple of AVX2's 8 lanes, refused there too
     cache = torch.zeros(2, BLOCK, 2, 72)
     with pytest.raises(RuntimeError, match="head_dim 72"):
         paged_prefill_attention_cpu(
-            lib,
+            tiled_lib,
             q,
             cache,
             cache,
@@ -406,7 +419,9 @@ def test_the_kernel_path_gives_the_torch_paths_tokens(demo_dir):
     [(256, 768), (100, 37), (768, 4), (64, 32), (48, 70)],  # partial panels, one panel
 )
 @pytest.mark.parametrize("bias", [False, True])
-def test_bf16_linear_matches_torch_on_the_same_values(lib, rows, in_features, out_features, bias):
+def test_bf16_linear_matches_torch_on_the_same_values(
+    tiled_lib, rows, in_features, out_features, bias
+):
     gen = torch.Generator().manual_seed(rows * 1000 + in_features + out_features)
     x = torch.randn(rows, in_features, generator=gen)
     w = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).bfloat16()
@@ -415,7 +430,7 @@ def test_bf16_linear_matches_torch_on_the_same_values(lib, rows, in_features, ou
     packed = pack_bf16_weight(w)
     assert packed is not None
 
-    out = bf16_linear(lib, x, packed, out_features, b)
+    out = bf16_linear(tiled_lib, x, packed, out_features, b)
 
     torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
@@ -511,44 +526,59 @@ def test_use_cpu_kernels_leaves_float32_valued_weights_alone(wide_lib):
 
 
 def test_the_library_reports_the_vectors_it_was_built_for(lib):
-    from pathlib import Path
-
-    flags = next(
-        (
-            line
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        ),
-        "",
-    ).split()
+    flags = cpu_flags()
     assert wide_vectors(lib) == ("avx512f" in flags)  # the build is -march=native
-    assert not wide_vectors(_Width(lib, 32))
+    assert tiled_kernels(lib) == ("avx" in flags)
+    assert tiled_kernels(_Width(lib, 32)) and not wide_vectors(_Width(lib, 32))
+    assert not tiled_kernels(_Width(lib, 16))
 
 
-def test_without_wide_vectors_linears_keep_torch_and_chunks_keep_sdpa(lib):
-    from workers.layers.cpu_kernels import use_cpu_kernels
-    from workers.model_runner import SeqState, prepare_inputs
+def _state(name: str, length: int, computed: int, scheduled: int, blocks: list[int]):
+    from workers.model_runner import SeqState
     from workers.sampling_params import SamplingParams
 
-    narrow = _Width(lib, 32)
+    s = SeqState(name, length, list(range(length)), SamplingParams(), blocks)
+    s.num_computed_tokens, s.num_scheduled = computed, scheduled
+    return s
+
+
+@pytest.mark.parametrize("vector_bytes", [16, 32])
+def test_narrower_builds_route_to_the_kernels_they_have_tiles_for(lib, vector_bytes):
+    """AVX2 (32 bytes): bfloat16 weights take their GEMM, float32 ones keep torch's linear (no
+    skinny GEMM), prefill chunks the prefill kernel. Narrower: torch's linear and SDPA."""
+    from workers.layers.cpu_kernels import use_cpu_kernels
+    from workers.model_runner import prepare_inputs
+
+    narrow = _Width(lib, vector_bytes)
+    tiled = vector_bytes == 32
     model = _toy_model(bf16=True)
-    assert use_cpu_kernels(model, narrow, free_float32=True) == 0
+    assert (use_cpu_kernels(model, narrow, free_float32=True) != 0) == tiled
     for module in (model.proj, model.head):
-        assert module.cpu_kernels is None and module.packed_weight is None
-        assert not module.weight.is_meta
+        assert module.cpu_kernels is (narrow if tiled else None)
+        assert (module.packed_weight is not None) == tiled
+    assert model.proj.weight.is_meta == tiled and not model.head.weight.is_meta
+    f32 = _toy_model(bf16=False)
+    assert use_cpu_kernels(f32, narrow, free_float32=True) == 0
+    assert f32.proj.cpu_kernels is None and f32.proj.packed_weight is None
 
-    def state(name: str, length: int, computed: int, scheduled: int, blocks: list[int]):
-        s = SeqState(name, length, list(range(length)), SamplingParams(), blocks)
-        s.num_computed_tokens, s.num_scheduled = computed, scheduled
-        return s
-
-    seqs = [state("long", 136, 120, 16, list(range(10, 19))), state("decode", 31, 30, 1, [1, 2])]
+    seqs = [
+        _state("long", 136, 120, 16, list(range(10, 19))),
+        _state("decode", 31, 30, 1, [1, 2]),
+    ]
     meta = prepare_inputs(seqs, BLOCK, torch.device("cpu"), narrow).meta
-    assert (meta.num_decodes, meta.num_kernel_rows, meta.prefill_chunks) == (1, 1, None)
-    assert [(p.q_start, p.q_len, p.context_len) for p in meta.prefills] == [(1, 16, 136)]
+    if tiled:  # the chunk after the decode, in the prefill kernel
+        assert (meta.num_decodes, meta.num_kernel_rows, meta.prefills) == (1, 17, [])
+        assert meta.prefill_chunks.tolist() == [[1, 16, 120]]
+    else:
+        assert (meta.num_decodes, meta.num_kernel_rows, meta.prefill_chunks) == (1, 1, None)
+        assert [(p.q_start, p.q_len, p.context_len) for p in meta.prefills] == [(1, 16, 136)]
 
 
-def test_without_wide_vectors_the_engine_gives_the_same_tokens(demo_dir, lib, monkeypatch):
+@pytest.mark.parametrize("build", ["avx2", "narrow"])
+def test_narrower_builds_give_the_same_tokens(demo_dir, lib, build, monkeypatch):
+    """The engine on the AVX2 build (its prefill kernel's tiles; the demo's float32 linears
+    keep torch) and on a build reporting 16-byte vectors, against this host's build: a mixed
+    workload with prefix hits and chunked prefill."""
     import workers.layers.cpu_kernels as cpu_kernels
     from workers import LLM, SamplingParams
     from workers.models.cpu_layers import CpuLayers
@@ -558,16 +588,16 @@ def test_without_wide_vectors_the_engine_gives_the_same_tokens(demo_dir, lib, mo
     prompts = [prefix + torch.randint(10, 3000, (n,), generator=gen).tolist() for n in (5, 40)]
     prompts.append(torch.randint(10, 3000, (150,), generator=gen).tolist())
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    other = avx2_build() if build == "avx2" else _Width(lib, 16)
     outs = []
-    for narrow in (False, True):
-        if narrow:
-            monkeypatch.setattr(cpu_kernels, "kernel", lambda: _Width(lib, 32))
+    for this in (lib, other):
+        monkeypatch.setattr(cpu_kernels, "kernel", lambda this=this: this)
         llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=64)
         model = llm.engine.executor.worker.model
-        # Decode steps still run as direct calls, with torch's linear.
+        # Decode steps still run as direct calls, with torch's linear off AVX-512.
         assert isinstance(model.cpu_layers, CpuLayers)
-        wide = not narrow and wide_vectors(lib)
-        assert model.layers[0].mlp.down_proj.cpu_kernels is (lib if wide else None)
+        wide = wide_vectors(this)
+        assert model.layers[0].mlp.down_proj.cpu_kernels is (this if wide else None)
         llm.generate(prompts[:1], params, use_tqdm=False)  # caches the prefix
         outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
         assert llm.stats().prefix_cache_hits > 0

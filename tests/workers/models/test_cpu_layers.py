@@ -11,7 +11,7 @@ import torch
 
 from tests.checkpoints import make_checkpoint
 from workers import LLM, SamplingParams
-from workers.layers.cpu_kernels import wide_vectors
+from workers.layers.cpu_kernels import tiled_kernels
 from workers.models.cpu_layers import CpuLayers
 
 
@@ -70,10 +70,10 @@ def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path) -> N
     runner.run = run
     prompts = _prompts(direct.engine.vocab_size)
     ours, theirs = _recorded_run(direct, prompts), _recorded_run(modules, prompts)
-    # Every step, where the prefill kernel takes the chunks; without 64-byte vectors the
-    # chunks take SDPA, and their steps the modules.
-    wide = wide_vectors(runner.lib)
-    assert len(ours) > 10 and (calls == len(ours) if wide else 0 < calls < len(ours))
+    # Every step, where the prefill kernel takes the chunks; on builds it has no tiles for
+    # (narrower than AVX2) the chunks take SDPA, and their steps the modules.
+    tiled = tiled_kernels(runner.lib)
+    assert len(ours) > 10 and (calls == len(ours) if tiled else 0 < calls < len(ours))
     assert len(ours) == len(theirs)
     for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         assert torch.equal(a, b), f"step {step}: {a.shape} differs by {(a - b).abs().max()}"
@@ -85,7 +85,7 @@ def test_only_when_every_module_runs_through_the_kernels(checkpoints) -> None:
     lib = model.layers[0].input_layernorm.cpu_kernels
     assert lib is not None and CpuLayers.from_model(model, lib) is not None
     assert CpuLayers.from_model(model, None) is None
-    # A linear layer may keep torch's linear (a library without 64-byte vectors takes none).
+    # A linear layer may keep torch's linear (float32 weights on a build without AVX-512).
     model.layers[-1].mlp.down_proj.cpu_kernels = None
     assert CpuLayers.from_model(model, lib) is not None
     model.layers[-1].post_attention_layernorm.cpu_kernels = None  # as for a tensor it cannot take

@@ -18,21 +18,33 @@
  * read once per task instead of once per query row.
  *
  * Built with -ffast-math; masked scores are a large negative finite value, not -inf, which
- * -ffast-math assumes away. Its 64-byte vectors are fast only on AVX-512: GCC lowers them
- * badly to AVX2 (20x slower than SDPA there), so the engine does not call it on such builds
- * (csrc/vector_width.c).
+ * -ffast-math assumes away. The register tiles are sized per vector width (AVX-512 or AVX2;
+ * the 64-byte code lowered to AVX2 had measured 20x slower than SDPA); builds with narrower
+ * vectors compile but are not called (csrc/vector_width.c).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+/* Vector width and register tiles per build: 32 vector registers (AVX-512) hold 24
+ * accumulators, 16 (AVX2) hold 12. */
+#if defined(__AVX512F__)
 #define LANES 16
+#define NACC 24
+#elif defined(__AVX__)
+#define LANES 8
+#define NACC 12
+#else /* 16-byte vectors: builds, but the engine does not call it (vector_width.c) */
+#define LANES 4
+#define NACC 12
+#endif
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(LANES * 4)));
 #define ROWS 64 /* query rows (token x head of the group) a task aims for */
 #define BK 32   /* keys per tile */
-#define JN 12   /* keys per register tile of the scores (x 2 vectors of query rows) */
-#define MAX_DV 16 /* head dim up to 256 */
+#define JN (NACC / 2) /* keys per register tile of the scores (x 2 vectors of query rows) */
+#define MAX_DV (256 / LANES) /* head dim up to 256 */
+#define RT 6    /* most query rows per register tile of the weighted values */
 #define MASKED -1e30f
 
 static inline vf load(const float *p) {
@@ -68,7 +80,7 @@ static inline vf vexp(vf x) {
     return p * (vf)(normal & ((n + 127) << 23)); /* 2^n from its exponent bits */
 }
 
-/* st[j][r] = sum_d kt[j][d] qt[d][r] for keys [j0, j0 + J), query rows [r0, r0 + 32): the
+/* st[j][r] = sum_d kt[j][d] qt[d][r] for keys [j0, j0 + J), query rows [r0, r0 + 2 LANES): the
  * scores transposed, so the softmax over keys runs across whole vectors of query rows. */
 static inline __attribute__((always_inline)) void scores(
     const float *restrict kt, const float *restrict qt, float *restrict st, int64_t j0,
@@ -94,7 +106,7 @@ static inline __attribute__((always_inline)) void weighted_values(
     const float *restrict pt, const float *restrict vt, float *restrict o, int64_t nk,
     int64_t r0, int64_t rp, const int64_t R, const int64_t DV) {
     const int64_t dh = DV * LANES;
-    vf acc[6][MAX_DV]; /* fixed sizes, not R x DV: a variable-length array lives in memory */
+    vf acc[RT][MAX_DV]; /* fixed sizes, not R x DV: a variable-length array lives in memory */
     for (int64_t r = 0; r < R; r++)
         for (int64_t v = 0; v < DV; v++) acc[r][v] = load(o + (r0 + r) * dh + v * LANES);
     for (int64_t j = 0; j < nk; j++) {
@@ -110,7 +122,7 @@ static inline __attribute__((always_inline)) void weighted_values(
 }
 
 /* One task: query tokens [t0, t0 + nq) of a chunk, KV head kh; R = nq * G rows (row r: token
- * t0 + r / G, head kh * G + r % G), padded to a multiple of 32, at most rp. Scratch:
+ * t0 + r / G, head kh * G + r % G), padded to a multiple of 2 LANES, at most rp. Scratch:
  * qt [Dh][rp], o [rp][Dh], st [BK][rp], kt and vt [BK][Dh], m, l and rpos [rp]. Positions
  * are compared as floats (exact below 2^24 tokens). */
 static inline __attribute__((always_inline)) void task(
@@ -144,9 +156,8 @@ static inline __attribute__((always_inline)) void task(
         }
         if (nk < BK) memset(kt + nk * DH, 0, (BK - nk) * DH * sizeof(float));
         for (int64_t r0 = 0; r0 < rp; r0 += 2 * LANES) {
-            scores(kt, qt, st, 0, JN, r0, rp, DH);
-            scores(kt, qt, st, JN, JN, r0, rp, DH);
-            scores(kt, qt, st, 2 * JN, BK - 2 * JN, r0, rp, DH);
+            for (int64_t j0 = 0; j0 + JN <= BK; j0 += JN) scores(kt, qt, st, j0, JN, r0, rp, DH);
+            if (BK % JN) scores(kt, qt, st, BK - BK % JN, BK % JN, r0, rp, DH);
         }
         /* Causal mask (and keys past nk) where the tile reaches past the first query, then
          * the online softmax, a vector of query rows at a time: new max, rescaled sums. */
@@ -177,7 +188,8 @@ static inline __attribute__((always_inline)) void task(
                 if (alpha[i] != 1.f)
                     for (int64_t d = 0; d < DH; d++) o[(r0 + i) * DH + d] *= alpha[i];
         }
-        const int64_t DV = DH / LANES, rt = DV <= 4 ? 6 : DV <= 8 ? 3 : 1;
+        const int64_t DV = DH / LANES;
+        const int64_t rt = NACC / DV >= RT ? RT : NACC / DV >= 3 ? 3 : 1;
         int64_t r = 0;
         for (; r + rt <= R; r += rt) weighted_values(st, vt, o, nk, r, rp, rt, DV);
         switch (R - r) { /* the rest, as one tile of constant height */
@@ -201,7 +213,7 @@ int paged_prefill_attention(const float *q, const float *k, const float *v,
                             const int64_t *tables, const int64_t *chunks, float *out,
                             int64_t C, int64_t H, int64_t KH, int64_t Dh, int64_t bs,
                             int64_t max_blocks, int64_t threads, float scale) {
-    if (Dh % LANES || Dh > MAX_DV * LANES) return -1;
+    if (Dh % 16 || Dh > 256) return -1; /* on every build: the engine checks the same */
     const int64_t G = H / KH;
     const int64_t bq = G >= ROWS ? 1 : ROWS / G; /* query tokens per task */
     const int64_t rp = (bq * G + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);

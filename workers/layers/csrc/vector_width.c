@@ -1,12 +1,13 @@
 /* The width in bytes of the widest vectors this build targets.
  *
  * Why: the GEMM kernels (skinny_gemm.c, bf16_linear.c) and the prefill-attention kernel are
- * written with 64-byte GCC vectors and register tiles sized for 32 of them (AVX-512). GCC
- * lowers such vectors badly to narrower hardware: built with -march=haswell (AVX2) on this
- * machine's CPU, the three ran 10-100x slower than the torch ops they replace. The Python side
- * (workers/layers/cpu_kernels.py `wide_vectors`) routes nothing to them on such builds; the
- * other kernels (decode attention, norms, rotary, SiLU-and-mul) are written as plain loops
- * the compiler vectorises at any width.
+ * written with GCC vectors in register tiles, and GCC lowers vectors wider than the hardware's
+ * badly: their 64-byte code built with -march=haswell (AVX2) ran 10-100x slower than the torch
+ * ops they replace. The bfloat16 GEMM and the prefill kernel have tiles for 32-byte (AVX2) and
+ * 64-byte (AVX-512) vectors; the skinny GEMM only for 64-byte ones (with 32 it did not beat
+ * torch). The Python side (workers/layers/cpu_kernels.py `tiled_kernels`, `wide_vectors`)
+ * routes to each only on builds it has tiles for; the other kernels (decode attention, norms,
+ * rotary, SiLU-and-mul) are plain loops the compiler vectorises at any width.
  */
 int kvray_vector_bytes(void) {
 #if defined(__AVX512F__)

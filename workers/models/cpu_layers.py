@@ -103,7 +103,8 @@ class CpuLayers:
     def from_model(model: Any, lib: ctypes.CDLL | None) -> CpuLayers | None:
         """The runner, or None unless every module of every layer runs through `lib` (which
         `use_cpu_kernels` decides: dense float32 tensors), linear layers excepted: those may
-        keep torch's linear (a library without 64-byte vectors takes none of them)."""
+        keep torch's linear (float32 weights on builds without AVX-512, every weight on builds
+        narrower than AVX2)."""
         if lib is None:
             return None
         for layer in model.layers:

@@ -37,7 +37,7 @@
 #if defined(__AVX512F__)
 #define LANES 16
 #define MR 12 /* input rows per register tile */
-#elif defined(__AVX__)
+#elif defined(__AVX2__)
 #define LANES 8
 #define MR 6
 #else /* 16-byte vectors: builds, but the engine does not call it (vector_width.c) */

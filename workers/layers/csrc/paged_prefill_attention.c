@@ -31,7 +31,7 @@
 #if defined(__AVX512F__)
 #define LANES 16
 #define NACC 24
-#elif defined(__AVX__)
+#elif defined(__AVX2__)
 #define LANES 8
 #define NACC 12
 #else /* 16-byte vectors: builds, but the engine does not call it (vector_width.c) */

@@ -1,4 +1,6 @@
-/* The width in bytes of the widest vectors this build targets.
+/* The width in bytes of the widest vectors this build targets: 64 (AVX-512), 32 (AVX2), or
+ * 16 (anything else; AVX without AVX2 too, which lacks the 256-bit integer shifts the
+ * bfloat16 tiles widen with).
  *
  * Why: the GEMM kernels (skinny_gemm.c, bf16_linear.c) and the prefill-attention kernel are
  * written with GCC vectors in register tiles, and GCC lowers vectors wider than the hardware's
@@ -12,7 +14,7 @@
 int kvray_vector_bytes(void) {
 #if defined(__AVX512F__)
     return 64;
-#elif defined(__AVX__)
+#elif defined(__AVX2__)
     return 32;
 #else
     return 16;

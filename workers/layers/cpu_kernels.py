@@ -78,7 +78,8 @@ def build(march: str = "native") -> ctypes.CDLL | None:
         log.warning("no C compiler found: using the torch paths on CPU")
         return None
     sources = sorted(_CSRC.glob("*.c"))
-    src = b"".join(path.read_bytes() for path in sources)
+    # The headers too: a library built from other headers must not be found in the cache.
+    src = b"".join(path.read_bytes() for path in [*sources, *sorted(_CSRC.glob("*.h"))])
     # -ffast-math only when compiling (vectorised exp, reassociated sums): linked with it,
     # a shared library sets flush-to-zero for the whole process when it loads.
     cflags = ["-O3", f"-march={march}", "-fopenmp", "-fPIC", "-std=c11", "-ffast-math"]

@@ -32,18 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Vector width and register tile per build: with 32 vector registers (AVX-512) a tile of 12
- * rows x 32 features holds 24 accumulators; with 16 (AVX2) one of 6 rows x 16 features 12. */
-#if defined(__AVX512F__)
-#define LANES 16
-#define MR 12 /* input rows per register tile */
-#elif defined(__AVX2__)
-#define LANES 8
-#define MR 6
-#else /* 16-byte vectors: builds, but the engine does not call it (vector_width.c) */
-#define LANES 4
-#define MR 3
-#endif
+#include "vector_width.h"
+
+/* Register tile: MR rows x two vector accumulators (one vector of a line's words: its low
+ * and high halves) a pass: 12 rows x 32 features with AVX-512; 6 rows x 16 features with
+ * AVX2, where a line is two vectors of words, one per pass. */
+#define MR (NACC / 2) /* input rows per register tile */
 typedef float vf __attribute__((vector_size(LANES * 4)));
 typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
 #define WORDS 16        /* 32-bit words per k of a panel: one 64-byte line */

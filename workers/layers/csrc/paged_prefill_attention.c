@@ -26,18 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Vector width and register tiles per build: 32 vector registers (AVX-512) hold 24
- * accumulators, 16 (AVX2) hold 12. */
-#if defined(__AVX512F__)
-#define LANES 16
-#define NACC 24
-#elif defined(__AVX2__)
-#define LANES 8
-#define NACC 12
-#else /* 16-byte vectors: builds, but the engine does not call it (vector_width.c) */
-#define LANES 4
-#define NACC 12
-#endif
+#include "vector_width.h"
+
 typedef float vf __attribute__((vector_size(LANES * 4)));
 typedef int32_t vi __attribute__((vector_size(LANES * 4)));
 #define ROWS 64 /* query rows (token x head of the group) a task aims for */

@@ -11,12 +11,6 @@
  * routes to each only on builds it has tiles for; the other kernels (decode attention, norms,
  * rotary, SiLU-and-mul) are plain loops the compiler vectorises at any width.
  */
-int kvray_vector_bytes(void) {
-#if defined(__AVX512F__)
-    return 64;
-#elif defined(__AVX2__)
-    return 32;
-#else
-    return 16;
-#endif
-}
+#include "vector_width.h"
+
+int kvray_vector_bytes(void) { return LANES * 4; }

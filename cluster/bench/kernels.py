@@ -5,7 +5,8 @@ For each row count (the tokens of a decode step: one per sequence) it times, wit
 tensors of the model's shapes (no weights are loaded):
 - linear: every layer's projections and the LM head, torch's `linear` (the BLAS) against the
   skinny kernel and against the bfloat16-weight kernel (the weights are drawn on the
-  bfloat16 grid, as a bfloat16 checkpoint's are); each layer gets its own weights, so they
+  bfloat16 grid, as a bfloat16 checkpoint's are), and on CPUs with AMX against the AMX
+  kernel the engine then uses for those weights; each layer gets its own weights, so they
   stream from memory as in a step;
 - decode attention: the torch-native path (gather of the paged K/V, SDPA with a length
   mask) against the C kernel, contexts uniform around --context;
@@ -66,7 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from workers.layers.cpu_kernels import kernel, pack_bf16_weight, tiled_kernels, wide_vectors
+    from workers.layers.cpu_kernels import (
+        amx,
+        kernel,
+        pack_bf16_weight,
+        tiled_kernels,
+        wide_vectors,
+    )
 
     if any(r < 1 for r in args.rows) or args.context < 1 or args.repeats < 1:
         raise SystemExit("--rows, --context and --repeats must be positive")
@@ -94,19 +101,23 @@ def run(args: argparse.Namespace) -> int:
             "note: this build has no 64-byte vectors (AVX-512): the engine keeps torch's linear "
             "for float32 weights instead of the skinny GEMM timed below"
         )
+    on_amx = amx(lib)  # bfloat16 weights run on the AMX tiles then (csrc/amx_linear.c)
     header = (
         f"{'rows':>5}  {'linear (skinny)':>22}  {'linear (bf16 weights)':>22}  "
-        f"{'decode attention':>22}  {'norms+rotary+silu':>22}"
+        + (f"{'linear (bf16, AMX)':>22}  " if on_amx else "")
+        + f"{'decode attention':>22}  {'norms+rotary+silu':>22}"
     )
     print(header)
     print("-" * len(header))
     weights = _weights(shape)
-    packed = [pack_bf16_weight(w) for w in weights]
+    layouts = [[pack_bf16_weight(w) for w in weights]]
+    if on_amx:
+        layouts.append([pack_bf16_weight(w, amx=True) for w in weights])
     for rows in args.rows:
-        blas, skinny, bf16 = _linear(lib, weights, packed, rows, args.repeats)
+        blas, skinny, *packed = _linear(lib, weights, layouts, rows, args.repeats)
         cells = [
             (blas, skinny),
-            (blas, bf16),
+            *((blas, ms) for ms in packed),
             _attention(lib, shape, rows, args.context, args.repeats),
             _small_ops(lib, shape, rows, args.repeats),
         ]
@@ -172,24 +183,29 @@ def _best(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def _linear(
-    lib: Any, weights: list[Any], packed: list[Any], rows: int, repeats: int
-) -> tuple[float, float, float]:
-    """ms for all the layers' linears: torch, the skinny kernel, the bfloat16-weight kernel."""
+    lib: Any, weights: list[Any], layouts: list[list[Any]], rows: int, repeats: int
+) -> list[float]:
+    """ms for all the layers' linears: torch, the skinny kernel, then the bfloat16-weight
+    kernel of each packed layout (bf16_linear.c's, and amx_linear.c's where it runs)."""
     import torch
     from torch.nn import functional as F
 
     from workers.layers.cpu_kernels import bf16_linear, skinny_linear
 
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
-    pairs = list(zip(weights, packed, strict=True))
     with torch.inference_mode():
         t = _best(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], repeats)
         k = _best(lambda: [skinny_linear(lib, xs[w.shape[1]], w, None) for w in weights], repeats)
-        b = _best(
-            lambda: [bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None) for w, p in pairs],
-            repeats,
-        )
-    return t, k, b
+        packed_ms = [
+            _best(
+                lambda pairs=list(zip(weights, packed, strict=True)): [
+                    bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None) for w, p in pairs
+                ],
+                repeats,
+            )
+            for packed in layouts
+        ]
+    return [t, k, *packed_ms]
 
 
 def _kv_caches(s: Any, num_blocks: int) -> list[tuple[Any, Any]]:

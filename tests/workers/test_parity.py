@@ -11,7 +11,7 @@ from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf, make_check
 from tests.workers.kernel_builds import avx2_build
 from tests.workers.parity import assert_greedy_match
 from workers import LLM, SamplingParams
-from workers.layers.cpu_kernels import tiled_kernels
+from workers.layers.cpu_kernels import amx, amx_packed, tiled_kernels
 
 # 24 prompt lengths from 1 to 300, around block (16) boundaries on purpose.
 LENGTHS = [
@@ -124,6 +124,10 @@ def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(
         # keeps the embedding's.
         assert model.layers[0].self_attn.qkv_proj.weight.is_meta
         assert model.lm_head.weight.is_meta != model.config.tie_word_embeddings
+        # With AMX (CPU and build) they are laid out for, and run on, its tiles.
+        on_amx = amx(worker.cpu_kernel)
+        assert amx_packed(model.layers[0].self_attn.qkv_proj.packed_weight) == on_amx
+        assert build != "avx2" or not on_amx
     prompts = _prompts(llm.engine.vocab_size, seed=3)[::2]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)

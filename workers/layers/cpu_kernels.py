@@ -115,6 +115,10 @@ def build(march: str = "native") -> ctypes.CDLL | None:
     lib.skinny_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     lib.bf16_linear.restype = ctypes.c_int
     lib.bf16_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    lib.amx_linear.restype = ctypes.c_int
+    lib.amx_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    lib.kvray_amx_enable.restype = ctypes.c_int
+    lib.kvray_amx_enable.argtypes = []
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float]
     lib.silu_and_mul.restype = None
@@ -150,6 +154,13 @@ def wide_vectors(lib: ctypes.CDLL) -> bool:
     serve linear layers with float32 weights: with AVX2 it measured 0.85-1.2x torch's linear
     (README, "CPUs without AVX-512"), which then keeps them."""
     return lib.kvray_vector_bytes() >= 64
+
+
+def amx(lib: ctypes.CDLL) -> bool:
+    """Whether this process runs bfloat16 weights on the AMX tiles (csrc/amx_linear.c): the
+    build targets a CPU with AMX-BF16 and the kernel grants the tile state (asked for here,
+    once per process: call it in the process that runs the kernels)."""
+    return bool(lib.kvray_amx_enable())
 
 
 def paged_decode_attention_cpu(
@@ -246,29 +257,46 @@ def skinny_linear(
     return out
 
 
-# Output features per panel of the packed bfloat16 weight (NB in csrc/bf16_linear.c).
+# Output features per panel of the packed bfloat16 weight (NB in csrc/bf16_linear.c, PANEL
+# in csrc/amx_linear.c), and k per AMX weight tile (CHUNK).
 BF16_PANEL = 32
+AMX_CHUNK = 32
 
 
-def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight` [N, K] (float32) packed for `bf16_linear`, or None when some value is not a
-    bfloat16 (widening back must give every value exactly, or the layer would change).
+def pack_bf16_weight(weight: torch.Tensor, amx: bool = False) -> torch.Tensor | None:
+    """`weight` [N, K] (float32) packed for `bf16_linear` (int32 words), or with `amx` for
+    `amx_linear` (int16), or None when some value is not a bfloat16 (widening back must give
+    every value exactly, or the layer would change).
 
     A float32 is a bfloat16 exactly when the low 16 bits of its pattern are zero; the high
-    16 are then the bfloat16. Layout (csrc/bf16_linear.c): panels of 32 output features,
+    16 are then the bfloat16. Layout for csrc/bf16_linear.c: panels of 32 output features,
     each [K][16] int32 words, word j holding feature j's bfloat16 bits in its low half and
-    feature 16 + j's in its high half; the last panel zero-padded."""
+    feature 16 + j's in its high half; the last panel zero-padded. For csrc/amx_linear.c:
+    N and K zero-padded to multiples of 32; per panel of 32 features, per chunk of 32 k, two
+    tiles (features 0-15, 16-31) of [16 pairs of k][16 features][2]."""
     bits = weight.detach().contiguous().view(torch.int32)
     if bool((bits & 0xFFFF).any()):
         return None
     n, k = bits.shape
     panels = -(-n // BF16_PANEL)
+    if amx:
+        chunks = -(-k // AMX_CHUNK)
+        high = bits.view(torch.int16)[:, 1::2]  # little-endian: a float's upper half
+        padded = high.new_zeros(panels * BF16_PANEL, chunks * AMX_CHUNK)
+        padded[:n, :k] = high
+        tiles = padded.view(panels, 2, 16, chunks, AMX_CHUNK // 2, 2)  # p, half, n, c, pair, e
+        return tiles.permute(0, 3, 1, 4, 2, 5).contiguous()  # p, c, half, pair, n, e
     if panels * BF16_PANEL != n:
         bits = torch.cat([bits, bits.new_zeros(panels * BF16_PANEL - n, k)])
     halves = bits.view(panels, 2, BF16_PANEL // 2, k)
     # Feature j's high 16 bits moved down (>> is arithmetic: mask), feature 16 + j's as they are.
     words = ((halves[:, 0] >> 16) & 0xFFFF) | halves[:, 1]  # [P, 16, K]
     return words.transpose(1, 2).contiguous()  # [P, K, 16]
+
+
+def amx_packed(packed: torch.Tensor) -> bool:
+    """Whether `packed` is `pack_bf16_weight`'s AMX layout (for csrc/amx_linear.c)."""
+    return packed.dtype == torch.int16
 
 
 def bf16_linear(
@@ -279,11 +307,12 @@ def bf16_linear(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """`nn.functional.linear(x, weight, bias)` for a 2-D float32 `x`, with `weight` given by
-    `packed = pack_bf16_weight(weight)`."""
+    `packed = pack_bf16_weight(weight)` (either layout)."""
     x = x.contiguous()
     m, k = x.shape
     out = torch.empty(m, out_features, dtype=x.dtype)
-    status = lib.bf16_linear(
+    gemm = lib.amx_linear if amx_packed(packed) else lib.bf16_linear
+    status = gemm(
         x.data_ptr(),
         packed.data_ptr(),
         None if bias is None else bias.data_ptr(),
@@ -386,6 +415,7 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
                 holders[id(param)] = holders.get(id(param), 0) + 1
     added = 0
     tiled, wide = tiled_kernels(lib), wide_vectors(lib)
+    on_amx = tiled and amx(lib)  # asks for the tile state in this process: the one that runs
     for module in model.modules():
         if not hasattr(module, "cpu_kernels"):
             continue
@@ -396,7 +426,7 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
             module.cpu_kernels = lib
             continue
         weight = module.weight
-        packed = pack_bf16_weight(weight) if tiled else None
+        packed = pack_bf16_weight(weight, amx=on_amx) if tiled else None
         if packed is None:
             if wide:
                 module.cpu_kernels = lib

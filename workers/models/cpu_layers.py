@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from workers.layers.attention import AttentionMetadata
+from workers.layers.cpu_kernels import amx_packed
 from workers.layers.linear import kernel_route
 
 
@@ -36,6 +37,7 @@ class _Linear:
     weight: torch.Tensor  # [N, K] float32, or a meta tensor once the packed copy serves
     kernels: bool  # whether it runs through the GEMM kernels (`use_cpu_kernels` decided)
     packed: torch.Tensor | None  # the packed bfloat16 copy (cpu_kernels.pack_bf16_weight)
+    amx: bool  # the copy is in csrc/amx_linear.c's layout, not csrc/bf16_linear.c's
     bias: torch.Tensor | None  # added here (column-parallel), or after the all-reduce
     n: int
     k: int
@@ -51,6 +53,7 @@ class _Linear:
             weight=w,
             kernels=module.cpu_kernels is not None,
             packed=packed,
+            amx=packed is not None and amx_packed(packed),
             bias=bias,
             n=w.shape[0],
             k=w.shape[1],
@@ -256,7 +259,8 @@ class CpuLayers:
         """out = src @ W.T (+ bias), routed as `workers.layers.linear.linear` routes it."""
         route = kernel_route(rows, lin.weight, lin.packed) if lin.kernels else None
         if route == "bf16":
-            status = self.lib.bf16_linear(
+            gemm = self.lib.amx_linear if lin.amx else self.lib.bf16_linear
+            status = gemm(
                 src_ptr, lin.packed_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n, threads
             )
             if status != 0:

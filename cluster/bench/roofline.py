@@ -99,11 +99,12 @@ class MatmulPeak:
     dtype: str
     device: str
     threads: int
+    op: str = "torch.mm"
 
     def describe(self) -> str:
         return (
             f"{self.dtype} matmul peak {self.flops_per_s / 1e9:,.1f} GFLOP/s "
-            f"(torch.mm {self.size}x{self.size}, {self.device}, {self.threads} torch threads)"
+            f"({self.op} {self.size}x{self.size}, {self.device}, {self.threads} torch threads)"
         )
 
 
@@ -143,8 +144,43 @@ def measure_matmul_peak(
     return MatmulPeak(best, size, dtype, device, torch.get_num_threads())
 
 
-def annotate(result: BenchResult, flops: WorkloadFlops, peak: MatmulPeak | None) -> str:
-    """Adds the achieved FLOP/s (and share of the peak) to `result.extra`; returns a line."""
+def measure_amx_peak(size: int = PEAK_SIZE_CPU, seconds: float = 1.0) -> MatmulPeak | None:
+    """The best FLOP/s of the engine's float32-accurate AMX GEMM (csrc/amx_linear.c: x in three
+    bfloat16 pieces, weights on the bfloat16 grid) on size x size matrices, timed as
+    `measure_matmul_peak` times torch.mm; None where this CPU, build or kernel has no AMX.
+    kvray runs a bfloat16 checkpoint's linear layers on it there, so its share of the
+    float32 (FMA) peak alone would not say how close it runs to the hardware."""
+    import torch
+
+    from workers.layers.cpu_kernels import amx, bf16_linear, kernel, pack_bf16_weight
+
+    lib = kernel()
+    if lib is None or not amx(lib):
+        return None
+    x = torch.randn(size, size)
+    packed = pack_bf16_weight(torch.randn(size, size).bfloat16().float(), amx=True)
+    flop = 2.0 * size**3
+    bf16_linear(lib, x, packed, size, None)  # warm
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        rounds = 0
+        while rounds == 0 or time.perf_counter() - t0 < seconds / 5:
+            bf16_linear(lib, x, packed, size, None)
+            rounds += 1
+        best = max(best, flop * rounds / max(time.perf_counter() - t0, 1e-9))
+    op = "amx_linear, x in 3 bfloat16 pieces"
+    return MatmulPeak(best, size, "float32-accurate AMX", "cpu", torch.get_num_threads(), op)
+
+
+def annotate(
+    result: BenchResult,
+    flops: WorkloadFlops,
+    peak: MatmulPeak | None,
+    amx_peak: MatmulPeak | None = None,
+) -> str:
+    """Adds the achieved FLOP/s (and share of the peak) to `result.extra`; returns a line.
+    A backend that ran on AMX (`extra["amx"]`) also gets its share of `amx_peak`."""
     achieved = flops.total / result.elapsed_s
     result.extra["achieved_flops_per_s"] = achieved
     line = f"{result.backend:>30}: {achieved / 1e9:10.2f} GFLOP/s"
@@ -152,20 +188,26 @@ def annotate(result: BenchResult, flops: WorkloadFlops, peak: MatmulPeak | None)
         share = achieved / peak.flops_per_s
         result.extra["share_of_matmul_peak"] = share
         line += f"  {100 * share:5.1f} % of the matmul peak"
+    if amx_peak is not None and result.extra.get("amx"):
+        share = achieved / amx_peak.flops_per_s
+        result.extra["share_of_amx_peak"] = share
+        line += f", {100 * share:5.1f} % of the AMX peak"
     return line
 
 
 def report(
-    results: list[BenchResult], flops: WorkloadFlops, peak: MatmulPeak | None
+    results: list[BenchResult],
+    flops: WorkloadFlops,
+    peak: MatmulPeak | None,
+    amx_peak: MatmulPeak | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """The roofline section of the command's output and its JSON payload."""
     lines = [
         f"roofline: workload {flops.total / 1e9:,.2f} GFLOP useful work "
         f"(linear {flops.linear / 1e9:,.2f} + attention {flops.attention / 1e9:,.2f})"
     ]
-    if peak is not None:
-        lines.append(f"          {peak.describe()}")
-    lines.extend(annotate(res, flops, peak) for res in results)
+    lines.extend(f"          {p.describe()}" for p in (peak, amx_peak) if p is not None)
+    lines.extend(annotate(res, flops, peak, amx_peak) for res in results)
     payload: dict[str, Any] = {
         "workload_flops": flops.total,
         "workload_linear_flops": flops.linear,
@@ -178,4 +220,6 @@ def report(
             matmul_peak_dtype=peak.dtype,
             torch_threads=peak.threads,
         )
+    if amx_peak is not None:
+        payload["amx_matmul_peak_flops_per_s"] = amx_peak.flops_per_s
     return lines, payload

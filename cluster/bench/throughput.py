@@ -120,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
     if load_note:
         print(load_note)
     peak = _matmul_peak(args, device)
-    if peak is not None:
-        print(f"{peak.describe()}")
+    amx_peak = _amx_peak(args, device, peak)
+    for p in (peak, amx_peak):
+        if p is not None:
+            print(p.describe())
     plan = _plan(args)
     results: list[BenchResult] = []
     skipped: dict[str, str] = {}
@@ -138,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(results, skipped, comparisons))
     roof_lines, roof = roofline.report(
-        results, roofline.workload_flops(roofline.ModelShape.from_dir(model_dir), workload), peak
+        results,
+        roofline.workload_flops(roofline.ModelShape.from_dir(model_dir), workload),
+        peak,
+        amx_peak,
     )
     print()
     print("\n".join(roof_lines))
@@ -263,6 +268,21 @@ def _matmul_peak(args: argparse.Namespace, device: str) -> roofline.MatmulPeak |
         return roofline.measure_matmul_peak(device, dtype)
     except Exception as e:  # noqa: BLE001 - a missing figure must not cost the benchmark
         print(f"matmul peak not measured: {type(e).__name__}: {e}")
+        return None
+
+
+def _amx_peak(
+    args: argparse.Namespace, device: str, peak: roofline.MatmulPeak | None
+) -> roofline.MatmulPeak | None:
+    """On CPUs with AMX, in float32: the peak of the AMX GEMM kvray's bfloat16 weights run on."""
+    if device != "cpu" or peak is None or peak.dtype != "float32":
+        return None
+    if args.backend != "kvray" and not args.compare:  # the peers run torch's float32 GEMMs
+        return None
+    try:
+        return roofline.measure_amx_peak()
+    except Exception as e:  # noqa: BLE001 - as for the matmul peak
+        print(f"AMX peak not measured: {type(e).__name__}: {e}")
         return None
 
 

@@ -39,6 +39,7 @@ def run_kvray(
         elapsed = time.perf_counter() - start
         after = llm.stats()
         t_after = llm.engine.executor.timing()
+        on_amx = _on_amx(llm)
     finally:
         llm.engine.shutdown()  # frees the KV cache (and TP workers) before the next backend
         del llm
@@ -61,7 +62,10 @@ def run_kvray(
     notes.extend(_step_timing(extra, t_before, t_after, tp))
     compiled = t_after.get("compile_s")
     extra.update(
-        startup_s=startup_s, torch_threads=torch.get_num_threads(), compiled=compiled is not None
+        startup_s=startup_s,
+        torch_threads=torch.get_num_threads(),
+        compiled=compiled is not None,
+        amx=on_amx,
     )
     line = f"start-up {startup_s:.1f} s; {extra['torch_threads']} torch threads; "
     if compiled is None:
@@ -69,6 +73,8 @@ def run_kvray(
     else:
         extra["compile_s"] = compiled
         line += f"compiled forward ({compiled:.1f} s of the start-up compiling)"
+    if on_amx:
+        line += "; bfloat16 weights on the AMX tiles (float32-accurate)"
     notes.append(line)
     return BenchResult(
         backend=name,
@@ -79,6 +85,18 @@ def run_kvray(
         notes=tuple(notes),
         extra=extra,
     )
+
+
+def _on_amx(llm: Any) -> bool:
+    """Whether the engine's linear layers run on AMX (csrc/amx_linear.c): a bfloat16
+    checkpoint in float32 on a CPU with AMX. Known for the in-process worker (TP = 1)."""
+    from workers.layers.cpu_kernels import amx_packed
+
+    worker = getattr(llm.engine.executor, "worker", None)
+    if worker is None:
+        return False
+    packed = (getattr(m, "packed_weight", None) for m in worker.model.modules())
+    return any(p is not None and amx_packed(p) for p in packed)
 
 
 def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from cluster.bench.roofline import (
     MatmulPeak,
     ModelShape,
     WorkloadFlops,
+    measure_amx_peak,
     measure_matmul_peak,
     report,
     workload_flops,
@@ -66,3 +67,29 @@ def test_report_gives_each_backend_its_share_of_the_peak() -> None:
     # Without a measured peak the achieved FLOP/s are still reported.
     lines, payload = report([fast], flops, None)
     assert "share_of_matmul_peak" not in payload and "GFLOP/s" in lines[-1]
+
+
+def test_amx_peak_is_measured_where_the_engine_runs_on_amx() -> None:
+    from workers.layers.cpu_kernels import amx, kernel
+
+    lib = kernel()
+    peak = measure_amx_peak(size=128, seconds=0.05)
+    if lib is None or not amx(lib):
+        assert peak is None
+        return
+    assert math.isfinite(peak.flops_per_s) and peak.flops_per_s > 0
+    assert "float32-accurate AMX matmul peak" in peak.describe() and "amx_linear" in peak.describe()
+
+
+def test_report_gives_backends_on_amx_their_share_of_the_amx_peak() -> None:
+    flops = WorkloadFlops(linear=3e9, attention=1e9)
+    peak = MatmulPeak(8e9, 2048, "float32", "cpu", 2)
+    amx_peak = MatmulPeak(16e9, 2048, "float32-accurate AMX", "cpu", 2, "amx_linear")
+    kvray = BenchResult("kvray", 1.0, 1, 1, 1, extra={"amx": True})
+    hf = BenchResult("hf", 4.0, 1, 1, 1)
+    lines, payload = report([kvray, hf], flops, peak, amx_peak)
+    assert kvray.extra["share_of_matmul_peak"] == 0.5 and kvray.extra["share_of_amx_peak"] == 0.25
+    assert "share_of_amx_peak" not in hf.extra  # torch's float32 GEMMs: the FMA peak only
+    assert any("amx_linear 2048x2048" in line for line in lines)
+    assert "25.0 % of the AMX peak" in lines[-2] and "AMX" not in lines[-1]
+    assert payload["amx_matmul_peak_flops_per_s"] == 16e9

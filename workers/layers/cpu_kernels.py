@@ -9,6 +9,8 @@ and loaded through ctypes (sources in csrc/):
 - skinny GEMM: linear layers of steps with a few rows (workers/layers/linear.py);
 - bfloat16-weight GEMM: linear layers whose weights are exactly bfloat16 (a bfloat16
   checkpoint served in float32): half the bytes per step and in memory, the same values;
+  on CPUs with AMX (Xeons since Sapphire Rapids) on its tiles instead, with x cut into three
+  bfloat16 pieces so that the result keeps float32 accuracy (csrc/amx_linear.c);
 - RMSNorm in one pass instead of seven torch ops (workers/layers/norm.py);
 - rotary embedding of q and k in place, one pass (workers/layers/rotary.py);
 - SiLU-and-mul of the fused gate/up projection (workers/models/llama.py MLP).

@@ -9,8 +9,9 @@ On CPU in float32, `linear` sends steps of a few rows (a decode step of a few se
 C kernels where the BLAS runs far below the memory bandwidth
 (`workers.layers.cpu_kernels.use_cpu_kernels` turns them on): weights that are exactly
 bfloat16 (a bfloat16 checkpoint) to csrc/bf16_linear.c, which streams half the bytes (and
-serves every step once the float32 copy is freed; AVX2 or AVX-512 builds); other float32
-weights to the skinny GEMM, csrc/skinny_gemm.c (AVX-512 builds).
+serves every step once the float32 copy is freed; AVX2 or AVX-512 builds), or on CPUs with
+AMX to csrc/amx_linear.c (`pack_bf16_weight` chose the layout, `bf16_linear` follows it);
+other float32 weights to the skinny GEMM, csrc/skinny_gemm.c (AVX-512 builds).
 """
 
 from __future__ import annotations

@@ -324,9 +324,16 @@ def bf16_linear(
         out_features,
         max(1, torch.get_num_threads()),
     )
-    if status != 0:
-        raise MemoryError("bf16_linear: no memory for its copy of x")
+    check_gemm(status)
     return out
+
+
+def check_gemm(status: int) -> None:
+    """Raises for a failed bfloat16-weight GEMM call (bf16_linear.c or amx_linear.c)."""
+    if status == -1:
+        raise MemoryError("bfloat16-weight GEMM: no memory for its copy of x")
+    if status != 0:  # -2: amx_linear called on a build without AMX (use_cpu_kernels asks first)
+        raise RuntimeError(f"bfloat16-weight GEMM failed with status {status}")
 
 
 def rms_norm_cpu(

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from workers.layers.attention import AttentionMetadata
-from workers.layers.cpu_kernels import amx_packed
+from workers.layers.cpu_kernels import amx_packed, check_gemm
 from workers.layers.linear import kernel_route
 
 
@@ -263,8 +263,7 @@ class CpuLayers:
             status = gemm(
                 src_ptr, lin.packed_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n, threads
             )
-            if status != 0:
-                raise MemoryError("bf16_linear: no memory for its copy of x")
+            check_gemm(status)
         elif route == "skinny":
             self.lib.skinny_gemm(src_ptr, lin.weight_ptr, lin.bias_ptr, out_ptr, rows, lin.k, lin.n)
         elif lin.bias is not None:  # what nn.functional.linear runs, into the step's buffer

@@ -115,3 +115,13 @@ def test_builds_without_amx_say_so_and_refuse():
     lib = avx2_build()
     assert not amx(lib)
     assert lib.amx_linear(None, None, None, None, 1, 32, 32, 1) == -2
+
+
+def test_a_failed_gemm_call_raises():
+    from workers.layers.cpu_kernels import check_gemm
+
+    check_gemm(0)
+    with pytest.raises(MemoryError):
+        check_gemm(-1)
+    with pytest.raises(RuntimeError, match="status -2"):
+        check_gemm(-2)

@@ -15,6 +15,19 @@ from workers.layers.cpu_kernels import tiled_kernels
 from workers.models.cpu_layers import CpuLayers
 
 
+@pytest.fixture
+def one_thread():
+    """torch (and the kernels, which take torch's thread count) on one thread. With two,
+    MKL's sgemm, which serves the BLAS's steps on both paths, is not bitwise reproducible from
+    call to call once other GEMMs have run in the process: about 1 run in 4 after the kernel
+    tests (tests/workers/layers) differed by up to 4e-3, none with MKL_CBWR=AVX512. CI runs
+    every test on one thread (OMP_NUM_THREADS=1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _model(llm: LLM) -> Any:
     return llm.engine.executor.worker.model
 
@@ -49,7 +62,7 @@ def _prompts(vocab: int) -> list[list[int]]:
     ("kind", "dtype"),
     [("qwen3", "float32"), ("qwen2", "float32"), ("qwen3", "bfloat16"), ("llama", "bfloat16")],
 )
-def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path) -> None:
+def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path, one_thread) -> None:
     # qwen3: q/k norms; qwen2: q/k/v biases, k rotated in place in the fused projection;
     # float32 weights take the skinny kernel and the BLAS, bfloat16 ones the packed copies.
     path = make_checkpoint(kind, tmp_path / kind, dtype=dtype)

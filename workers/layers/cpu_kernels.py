@@ -409,8 +409,9 @@ def use_cpu_kernels(model: torch.nn.Module, lib: ctypes.CDLL, *, free_float32: b
     (linear layers and the LM head, norms, rotary, MLP) whose tensors are dense float32.
 
     Linear layers whose weights are exactly bfloat16 also get a packed bfloat16 copy
-    (`packed_weight`). With `free_float32`, a weight no other module shares (a tied LM head
-    shares the embedding's) is then replaced by a shape-only meta tensor and every step of
+    (`packed_weight`), in the AMX tiles' layout where this process may use them (`amx`).
+    With `free_float32`, a weight no other module shares (a tied LM head shares the
+    embedding's) is then replaced by a shape-only meta tensor and every step of
     the layer reads the copy: half the float32 weight's memory instead of half as much again.
     Without it (the compiled pieces run torch's linear on the float32 weight) both are kept.
     Linear layers take the library where one of its GEMMs is fast: with a packed copy where

@@ -125,3 +125,16 @@ def test_a_failed_gemm_call_raises():
         check_gemm(-1)
     with pytest.raises(RuntimeError, match="status -2"):
         check_gemm(-2)
+
+
+def test_linear_routes_every_step_size_to_amx(amx_lib):
+    """Faster than torch's linear at every size measured, so also above BF16_MAX_ROWS while
+    the float32 weight is kept (the compiled pieces' path)."""
+    from workers.layers.linear import BF16_MAX_ROWS, kernel_route, linear
+
+    w = torch.randn(64, 32).bfloat16().float()
+    packed = pack_bf16_weight(w, amx=True)
+    assert kernel_route(BF16_MAX_ROWS + 1, w, packed) == "bf16"
+    assert kernel_route(BF16_MAX_ROWS + 1, w, pack_bf16_weight(w)) is None  # the FMA kernel's
+    x = torch.randn(BF16_MAX_ROWS + 1, 32)
+    torch.testing.assert_close(linear(x, w, None, amx_lib, packed), F.linear(x, w))

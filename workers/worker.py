@@ -87,10 +87,14 @@ class Worker:
                 # per-call Python (workers/models/cpu_layers.py).
                 self.model.cpu_layers = CpuLayers.from_model(self.model, self.cpu_kernel)
             if self.packed_bytes:
+                from workers.layers.cpu_kernels import on_amx_tiles
+
+                tiles = on_amx_tiles(self.model)
                 log.info(
                     "bfloat16 weights: the linear layers read packed bfloat16 copies "
-                    "(%+.0f MiB of host memory)",
+                    "(%+.0f MiB of host memory), %s",
                     self.packed_bytes / 2**20,
+                    "on the AMX tiles (float32-accurate)" if tiles else "with FMA kernels",
                 )
         from workers.compile import compile_model
 

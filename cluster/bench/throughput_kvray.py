@@ -90,13 +90,10 @@ def run_kvray(
 def _on_amx(llm: Any) -> bool:
     """Whether the engine's linear layers run on AMX (csrc/amx_linear.c): a bfloat16
     checkpoint in float32 on a CPU with AMX. Known for the in-process worker (TP = 1)."""
-    from workers.layers.cpu_kernels import amx_packed
+    from workers.layers.cpu_kernels import on_amx_tiles
 
     worker = getattr(llm.engine.executor, "worker", None)
-    if worker is None:
-        return False
-    packed = (getattr(m, "packed_weight", None) for m in worker.model.modules())
-    return any(p is not None and amx_packed(p) for p in packed)
+    return worker is not None and on_amx_tiles(worker.model)
 
 
 def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict[str, Any]:

@@ -301,6 +301,12 @@ def amx_packed(packed: torch.Tensor) -> bool:
     return packed.dtype == torch.int16
 
 
+def on_amx_tiles(model: torch.nn.Module) -> bool:
+    """Whether `use_cpu_kernels` packed some of `model`'s weights for the AMX tiles."""
+    packed = (getattr(m, "packed_weight", None) for m in model.modules())
+    return any(p is not None and amx_packed(p) for p in packed)
+
+
 def bf16_linear(
     lib: ctypes.CDLL,
     x: torch.Tensor,

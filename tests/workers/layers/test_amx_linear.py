@@ -14,6 +14,7 @@ from workers.layers.cpu_kernels import (
     amx_packed,
     bf16_linear,
     kernel,
+    on_amx_tiles,
     pack_bf16_weight,
     use_cpu_kernels,
 )
@@ -106,15 +107,21 @@ def test_use_cpu_kernels_packs_for_amx_where_it_runs(amx_lib):
     use_cpu_kernels(model, amx_lib, free_float32=True)
 
     assert amx_packed(model.proj.packed_weight) and amx_packed(model.head.packed_weight)
+    assert on_amx_tiles(model)
     torch.testing.assert_close(model.proj(x), F.linear(x, proj_w, model.proj.bias))
     torch.testing.assert_close(model.head(x[:3]), F.linear(x[:3], head_w))
 
 
 def test_builds_without_amx_say_so_and_refuse():
     """An AVX2 build has no AMX whatever the CPU: the engine packs for bf16_linear.c."""
+    from tests.workers.layers.test_cpu_kernels import _toy_model
+
     lib = avx2_build()
     assert not amx(lib)
     assert lib.amx_linear(None, None, None, None, 1, 32, 32, 1) == -2
+    model = _toy_model(bf16=True)
+    use_cpu_kernels(model, lib, free_float32=True)
+    assert model.proj.packed_weight is not None and not on_amx_tiles(model)
 
 
 def test_a_failed_gemm_call_raises():

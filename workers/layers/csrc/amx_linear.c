@@ -143,6 +143,23 @@ static void copy_partial(const float *tmp, const float *bias, float *y, int64_t 
             y[i * N + n0 + j] = tmp[i * PANEL + j] + (bias ? bias[n0 + j] : 0.f);
 }
 
+/* Chunk c of a panel's weights into B tiles 4 (features 0-15) and 5 (16-31), prefetching the
+ * chunk PF ahead when this pass streams the panel from memory. */
+static inline __attribute__((always_inline)) void load_weights(const uint16_t *w, int64_t c,
+                                                               int64_t chunks, int prefetch) {
+    const uint16_t *b = w + c * 2 * TROWS * 32;
+    if (prefetch && c + PF < chunks) prefetch_chunk(b + PF * 2 * TROWS * 32);
+    _tile_loadd(4, b, 64);
+    _tile_loadd(5, b + TROWS * 32, 64);
+}
+
+static inline void zero_accumulators(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
 #define ASTRIDE (Kp * 2) /* bytes from one row of a piece to the next */
 
 /* One panel against `rows` rows of the block (their pieces at xs), two 16-row tiles at a time
@@ -154,16 +171,10 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
     const int64_t chunks = Kp / CHUNK;
     int64_t m = 0;
     for (; m + TROWS < rows; m += 2 * TROWS) { /* more than one tile left: a pair */
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_accumulators();
         const uint16_t *a = xs + m * Kp;
         for (int64_t c = 0; c < chunks; c++) {
-            const uint16_t *b = w + c * 2 * TROWS * 32;
-            if (m == 0 && c + PF < chunks) prefetch_chunk(b + PF * 2 * TROWS * 32);
-            _tile_loadd(4, b, 64);
-            _tile_loadd(5, b + TROWS * 32, 64);
+            load_weights(w, c, chunks, m == 0);
             for (int64_t p = 0; p < 3; p++) {
                 _tile_loadd(6, a + p * plane + c * CHUNK, ASTRIDE);
                 _tile_loadd(7, a + p * plane + TROWS * Kp + c * CHUNK, ASTRIDE);
@@ -179,16 +190,10 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
     }
     if (m < rows) { /* one 16-row tile left: x1 into tiles 0-1, x2 and x3 into 2-3, so that
                      * four chains of dependent TDPBF16PS overlap, not two */
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_accumulators();
         const uint16_t *a = xs + m * Kp;
         for (int64_t c = 0; c < chunks; c++) {
-            const uint16_t *b = w + c * 2 * TROWS * 32;
-            if (m == 0 && c + PF < chunks) prefetch_chunk(b + PF * 2 * TROWS * 32);
-            _tile_loadd(4, b, 64);
-            _tile_loadd(5, b + TROWS * 32, 64);
+            load_weights(w, c, chunks, m == 0);
             _tile_loadd(6, a + c * CHUNK, ASTRIDE);
             _tile_loadd(7, a + plane + c * CHUNK, ASTRIDE);
             _tile_dpbf16ps(0, 6, 4);
@@ -226,10 +231,7 @@ static inline __attribute__((always_inline)) void stacked_panel(
         _tile_zero(3);
     }
     for (int64_t c = 0; c < chunks; c++) {
-        const uint16_t *b = w + c * 2 * TROWS * 32;
-        if (c + PF < chunks) prefetch_chunk(b + PF * 2 * TROWS * 32);
-        _tile_loadd(4, b, 64);
-        _tile_loadd(5, b + TROWS * 32, 64);
+        load_weights(w, c, chunks, 1);
         _tile_loadd(6, xs + c * CHUNK, ASTRIDE);
         _tile_dpbf16ps(0, 6, 4);
         _tile_dpbf16ps(1, 6, 5);

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,7 @@ class MatmulPeak:
 def measure_matmul_peak(
     device: str, dtype: str = "float32", size: int | None = None, seconds: float = 1.0
 ) -> MatmulPeak:
-    """The best FLOP/s of torch.mm on two size x size matrices, after a warm-up, over a few
-    timed rounds of about `seconds` in all (best, not mean: the peak is what the machine can
-    do; a round slowed by a neighbour says nothing about it)."""
+    """The best FLOP/s of torch.mm on two size x size matrices (`_best_flops`)."""
     import torch
 
     size = size or (PEAK_SIZE_CUDA if device.startswith("cuda") else PEAK_SIZE_CPU)
@@ -126,11 +125,23 @@ def measure_matmul_peak(
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
 
-    flop = 2.0 * size**3
-    torch.mm(a, b, out=out)  # warm: thread pool, kernel choice, caches
+    best = _best_flops(lambda: torch.mm(a, b, out=out), 2.0 * size**3, seconds, sync)
+    return MatmulPeak(best, size, dtype, device, torch.get_num_threads())
+
+
+def _best_flops(
+    step: Callable[[], object],
+    flop: float,
+    seconds: float,
+    sync: Callable[[], None] = lambda: None,
+) -> float:
+    """The best FLOP/s of `step` (one op of `flop` FLOPs; `sync` waits for the device), after a
+    warm-up, over 5 timed rounds of about `seconds` in all (best, not mean: the peak is what
+    the machine can do; a round slowed by a neighbour says nothing about it)."""
+    step()  # warm: thread pool, kernel choice, caches
     sync()
     t0 = time.perf_counter()
-    torch.mm(a, b, out=out)
+    step()
     sync()
     one = max(time.perf_counter() - t0, 1e-9)
     per_round = max(1, int(seconds / 5 / one))
@@ -138,16 +149,16 @@ def measure_matmul_peak(
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(per_round):
-            torch.mm(a, b, out=out)
+            step()
         sync()
         best = max(best, flop * per_round / max(time.perf_counter() - t0, 1e-9))
-    return MatmulPeak(best, size, dtype, device, torch.get_num_threads())
+    return best
 
 
 def measure_amx_peak(size: int = PEAK_SIZE_CPU, seconds: float = 1.0) -> MatmulPeak | None:
     """The best FLOP/s of the engine's float32-accurate AMX GEMM (csrc/amx_linear.c: x in three
-    bfloat16 pieces, weights on the bfloat16 grid) on size x size matrices, timed as
-    `measure_matmul_peak` times torch.mm; None where this CPU, build or kernel has no AMX.
+    bfloat16 pieces, weights on the bfloat16 grid) on size x size matrices, timed as torch.mm
+    is (`_best_flops`); None where this CPU, build or kernel has no AMX.
     kvray runs a bfloat16 checkpoint's linear layers on it there, so its share of the
     float32 (FMA) peak alone would not say how close it runs to the hardware."""
     import torch
@@ -159,16 +170,7 @@ def measure_amx_peak(size: int = PEAK_SIZE_CPU, seconds: float = 1.0) -> MatmulP
         return None
     x = torch.randn(size, size)
     packed = pack_bf16_weight(torch.randn(size, size).bfloat16().float(), amx=True)
-    flop = 2.0 * size**3
-    bf16_linear(lib, x, packed, size, None)  # warm
-    best = 0.0
-    for _ in range(5):
-        t0 = time.perf_counter()
-        rounds = 0
-        while rounds == 0 or time.perf_counter() - t0 < seconds / 5:
-            bf16_linear(lib, x, packed, size, None)
-            rounds += 1
-        best = max(best, flop * rounds / max(time.perf_counter() - t0, 1e-9))
+    best = _best_flops(lambda: bf16_linear(lib, x, packed, size, None), 2.0 * size**3, seconds)
     op = "amx_linear, x in 3 bfloat16 pieces"
     return MatmulPeak(best, size, "float32-accurate AMX", "cpu", torch.get_num_threads(), op)
 

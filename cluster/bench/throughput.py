@@ -120,10 +120,8 @@ def run(args: argparse.Namespace) -> int:
     if load_note:
         print(load_note)
     peak = _matmul_peak(args, device)
-    amx_peak = _amx_peak(args, device, peak)
-    for p in (peak, amx_peak):
-        if p is not None:
-            print(p.describe())
+    if peak is not None:
+        print(f"{peak.describe()}")
     plan = _plan(args)
     results: list[BenchResult] = []
     skipped: dict[str, str] = {}
@@ -139,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     comparisons = _comparisons(by_name) if args.compare else {}
     print()
     print(format_table(results, skipped, comparisons))
+    amx_peak = _amx_peak(results, peak)
     roof_lines, roof = roofline.report(
         results,
         roofline.workload_flops(roofline.ModelShape.from_dir(model_dir), workload),
@@ -272,12 +271,11 @@ def _matmul_peak(args: argparse.Namespace, device: str) -> roofline.MatmulPeak |
 
 
 def _amx_peak(
-    args: argparse.Namespace, device: str, peak: roofline.MatmulPeak | None
+    results: list[BenchResult], peak: roofline.MatmulPeak | None
 ) -> roofline.MatmulPeak | None:
-    """On CPUs with AMX, in float32: the peak of the AMX GEMM kvray's bfloat16 weights run on."""
-    if device != "cpu" or peak is None or peak.dtype != "float32":
-        return None
-    if args.backend != "kvray" and not args.compare:  # the peers run torch's float32 GEMMs
+    """The peak of the AMX GEMM, measured only when a backend's bfloat16 weights ran on it
+    (a kvray engine on a CPU with AMX, in float32), in the same run as the float32 peak."""
+    if peak is None or not any(res.extra.get("amx") for res in results):
         return None
     try:
         return roofline.measure_amx_peak()

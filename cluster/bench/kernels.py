@@ -26,6 +26,7 @@ Kept free of torch at import: this module is reachable from `kvray --help`.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,15 +197,12 @@ def _linear(
     with torch.inference_mode():
         t = _best(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], repeats)
         k = _best(lambda: [skinny_linear(lib, xs[w.shape[1]], w, None) for w in weights], repeats)
-        packed_ms = [
-            _best(
-                lambda pairs=list(zip(weights, packed, strict=True)): [
-                    bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None) for w, p in pairs
-                ],
-                repeats,
-            )
-            for packed in layouts
-        ]
+
+        def packed_linears(packed: list[Any]) -> list[Any]:
+            pairs = zip(weights, packed, strict=True)
+            return [bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None) for w, p in pairs]
+
+        packed_ms = [_best(functools.partial(packed_linears, p), repeats) for p in layouts]
     return [t, k, *packed_ms]
 
 

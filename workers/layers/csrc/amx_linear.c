@@ -20,8 +20,8 @@
  * multiple of 32 in both N and K, cut into panels of 32 output features; a panel is K / 32
  * chunks of two 1 KiB B tiles (features 0-15, then 16-31), each [16 pairs of k][16 features]
  * [2], the pairing TDPBF16PS takes. A panel is contiguous, so a step streams it. Threads split
- * the panels; x's pieces are written once per block of rows (stacked for small steps, see
- * stacked_panel; else each piece zero-padded to 16-row tiles).
+ * the panels; each writes x's pieces for itself once per block of rows (stacked for small
+ * steps, see stacked_panel; else each piece zero-padded to 16-row tiles).
  *
  * Builds without AMX (or a kernel that refuses the tile state) keep bf16_linear.c:
  * kvray_amx_enable says which (cpu_kernels.amx).
@@ -34,6 +34,7 @@
 #if defined(__x86_64__) && defined(__linux__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define HAVE_AMX 1
 #include <immintrin.h>
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -143,12 +144,19 @@ static void copy_partial(const float *tmp, const float *bias, float *y, int64_t 
             y[i * N + n0 + j] = tmp[i * PANEL + j] + (bias ? bias[n0 + j] : 0.f);
 }
 
-/* Chunk c of a panel's weights into B tiles 4 (features 0-15) and 5 (16-31), prefetching the
- * chunk PF ahead when this pass streams the panel from memory. */
-static inline __attribute__((always_inline)) void load_weights(const uint16_t *w, int64_t c,
-                                                               int64_t chunks, int prefetch) {
+/* Chunk c of a panel's weights, prefetching the chunk PF ahead when this pass streams the
+ * panel from memory (a panel's first pass; the others find it in L2). */
+static inline const uint16_t *chunk_weights(const uint16_t *w, int64_t c, int64_t chunks,
+                                            int prefetch) {
     const uint16_t *b = w + c * 2 * TROWS * 32;
     if (prefetch && c + PF < chunks) prefetch_chunk(b + PF * 2 * TROWS * 32);
+    return b;
+}
+
+/* Chunk c's weights into B tiles 4 (features 0-15) and 5 (16-31). */
+static inline __attribute__((always_inline)) void load_weights(const uint16_t *w, int64_t c,
+                                                               int64_t chunks, int prefetch) {
+    const uint16_t *b = chunk_weights(w, c, chunks, prefetch);
     _tile_loadd(4, b, 64);
     _tile_loadd(5, b + TROWS * 32, 64);
 }
@@ -163,8 +171,10 @@ static inline void zero_accumulators(void) {
 #define ASTRIDE (Kp * 2) /* bytes from one row of a piece to the next */
 
 /* One panel against `rows` rows of the block (their pieces at xs), two 16-row tiles at a time
- * so that each B tile loaded serves four accumulations (and the four chains of dependent
- * TDPBF16PS overlap their latency). */
+ * so that each B tile loaded serves six products. Tile registers are not renamed, so a load
+ * into a tile waits for every product reading it: each load is issued right after the last
+ * product that reads the tile's old contents (software pipelining), not at the top of its
+ * piece or chunk, so that it overlaps the products still queued. */
 static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, float *y,
                   int64_t rows, int64_t Kp, int64_t plane, int64_t N, int64_t n0, int64_t nvalid) {
     float tmp[TROWS * PANEL];
@@ -172,17 +182,36 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
     int64_t m = 0;
     for (; m + TROWS < rows; m += 2 * TROWS) { /* more than one tile left: a pair */
         zero_accumulators();
-        const uint16_t *a = xs + m * Kp;
+        const uint16_t *a = xs + m * Kp, *a2 = a + TROWS * Kp;
+        load_weights(w, 0, chunks, m == 0);
+        _tile_loadd(6, a, ASTRIDE);
+        _tile_loadd(7, a2, ASTRIDE);
         for (int64_t c = 0; c < chunks; c++) {
-            load_weights(w, c, chunks, m == 0);
-            for (int64_t p = 0; p < 3; p++) {
-                _tile_loadd(6, a + p * plane + c * CHUNK, ASTRIDE);
-                _tile_loadd(7, a + p * plane + TROWS * Kp + c * CHUNK, ASTRIDE);
-                _tile_dpbf16ps(0, 6, 4);
-                _tile_dpbf16ps(1, 6, 5);
-                _tile_dpbf16ps(2, 7, 4);
-                _tile_dpbf16ps(3, 7, 5);
-            }
+            const int64_t next = c + 1 < chunks ? c + 1 : c; /* the last chunk reloads itself */
+            const uint16_t *b = chunk_weights(w, next, chunks, m == 0);
+            /* x1 */
+            _tile_dpbf16ps(0, 6, 4);
+            _tile_dpbf16ps(2, 7, 4);
+            _tile_dpbf16ps(1, 6, 5);
+            _tile_loadd(6, a + plane + c * CHUNK, ASTRIDE);
+            _tile_dpbf16ps(3, 7, 5);
+            _tile_loadd(7, a2 + plane + c * CHUNK, ASTRIDE);
+            /* x2 */
+            _tile_dpbf16ps(0, 6, 4);
+            _tile_dpbf16ps(2, 7, 4);
+            _tile_dpbf16ps(1, 6, 5);
+            _tile_loadd(6, a + 2 * plane + c * CHUNK, ASTRIDE);
+            _tile_dpbf16ps(3, 7, 5);
+            _tile_loadd(7, a2 + 2 * plane + c * CHUNK, ASTRIDE);
+            /* x3, then the next chunk's weights and x1 */
+            _tile_dpbf16ps(0, 6, 4);
+            _tile_dpbf16ps(2, 7, 4);
+            _tile_loadd(4, b, 64);
+            _tile_dpbf16ps(1, 6, 5);
+            _tile_loadd(6, a + next * CHUNK, ASTRIDE);
+            _tile_dpbf16ps(3, 7, 5);
+            _tile_loadd(5, b + TROWS * 32, 64);
+            _tile_loadd(7, a2 + next * CHUNK, ASTRIDE);
         }
         STORE_TILE(0, 1, y + m * N, TROWS);
         const int64_t rest = rows - m - TROWS < TROWS ? rows - m - TROWS : TROWS;
@@ -192,17 +221,23 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
                      * four chains of dependent TDPBF16PS overlap, not two */
         zero_accumulators();
         const uint16_t *a = xs + m * Kp;
+        load_weights(w, 0, chunks, m == 0);
+        _tile_loadd(6, a, ASTRIDE);
+        _tile_loadd(7, a + plane, ASTRIDE);
         for (int64_t c = 0; c < chunks; c++) {
-            load_weights(w, c, chunks, m == 0);
-            _tile_loadd(6, a + c * CHUNK, ASTRIDE);
-            _tile_loadd(7, a + plane + c * CHUNK, ASTRIDE);
-            _tile_dpbf16ps(0, 6, 4);
+            const int64_t next = c + 1 < chunks ? c + 1 : c;
+            const uint16_t *b = chunk_weights(w, next, chunks, m == 0);
+            _tile_dpbf16ps(0, 6, 4); /* x1 */
+            _tile_dpbf16ps(2, 7, 4); /* x2 */
             _tile_dpbf16ps(1, 6, 5);
-            _tile_dpbf16ps(2, 7, 4);
+            _tile_loadd(6, a + 2 * plane + c * CHUNK, ASTRIDE); /* x3 */
             _tile_dpbf16ps(3, 7, 5);
-            _tile_loadd(7, a + 2 * plane + c * CHUNK, ASTRIDE);
-            _tile_dpbf16ps(2, 7, 4);
-            _tile_dpbf16ps(3, 7, 5);
+            _tile_loadd(7, a + plane + next * CHUNK, ASTRIDE);
+            _tile_dpbf16ps(2, 6, 4);
+            _tile_loadd(4, b, 64);
+            _tile_dpbf16ps(3, 6, 5);
+            _tile_loadd(5, b + TROWS * 32, 64);
+            _tile_loadd(6, a + next * CHUNK, ASTRIDE);
         }
         /* x2.w + x3.w (tiny against x1.w) joins x1.w once, at the end */
         float part[TROWS * PANEL];
@@ -218,7 +253,7 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
 /* Steps of at most STACK rows (decode steps of a few sequences): x's pieces stacked as the
  * 3M rows of one A tile, or two (TWO), since a TDPBF16PS of 1 row costs as much as one of
  * 16: per chunk 2 or 4 of them instead of 6, and no chain of dependent ones. Row i of y is
- * the sum of stacked rows i, M + i and 2M + i. */
+ * the sum of stacked rows i, M + i and 2M + i. Loads pipelined as in panel(). */
 static inline __attribute__((always_inline)) void stacked_panel(
     const uint16_t *xs, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t Kp,
     int64_t N, int64_t n0, int64_t nvalid, const int TWO) {
@@ -230,16 +265,22 @@ static inline __attribute__((always_inline)) void stacked_panel(
         _tile_zero(2);
         _tile_zero(3);
     }
+    load_weights(w, 0, chunks, 1);
+    _tile_loadd(6, xs, ASTRIDE);
+    if (TWO) _tile_loadd(7, xs + TROWS * Kp, ASTRIDE);
     for (int64_t c = 0; c < chunks; c++) {
-        load_weights(w, c, chunks, 1);
-        _tile_loadd(6, xs + c * CHUNK, ASTRIDE);
+        const int64_t next = c + 1 < chunks ? c + 1 : c;
+        const uint16_t *b = chunk_weights(w, next, chunks, 1);
         _tile_dpbf16ps(0, 6, 4);
+        if (TWO) _tile_dpbf16ps(2, 7, 4);
+        _tile_loadd(4, b, 64);
         _tile_dpbf16ps(1, 6, 5);
+        _tile_loadd(6, xs + next * CHUNK, ASTRIDE);
         if (TWO) {
-            _tile_loadd(7, xs + TROWS * Kp + c * CHUNK, ASTRIDE);
-            _tile_dpbf16ps(2, 7, 4);
             _tile_dpbf16ps(3, 7, 5);
+            _tile_loadd(7, xs + TROWS * Kp + next * CHUNK, ASTRIDE);
         }
+        _tile_loadd(5, b + TROWS * 32, 64);
     }
     _tile_stored(0, tmp, PANEL * 4);
     _tile_stored(1, tmp + 16, PANEL * 4);
@@ -264,34 +305,44 @@ int amx_linear(const float *x, const uint16_t *wp, const float *bias, float *y, 
     const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
     const int64_t panels = (N + PANEL - 1) / PANEL;
     const int64_t block = M < MC ? M : MC;
-    /* One piece's rows: padded to whole tiles, or stacked right after the previous piece's. */
     const int64_t plane = M <= STACK ? M * Kp : (block + TROWS - 1) / TROWS * TROWS * Kp;
-    uint16_t *xs = malloc(3 * plane * sizeof(uint16_t));
-    if (!xs) return -1;
-    for (int64_t m0 = 0; m0 < M; m0 += MC) {
-        const int64_t mc = M - m0 < MC ? M - m0 : MC;
-        const int64_t mp = M <= STACK ? mc : (mc + TROWS - 1) / TROWS * TROWS; /* with padding */
+    if (threads > panels) threads = panels;
+    if (threads < 1) threads = 1;
+    /* One piece's rows: padded to whole tiles, or stacked right after the previous piece's.
+     * Each thread writes all of a block's pieces into its own scratch: splitting x is cheap
+     * next to the products, while pieces written by one core and read by the other (and a
+     * barrier per block) had cost a quarter of a 2,048-row step's time. */
+    uint16_t *scratch = malloc(threads * 3 * plane * sizeof(uint16_t));
+    if (!scratch) return -1;
 #pragma omp parallel num_threads(threads)
-        {
-#pragma omp for schedule(static)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        uint16_t *xs = scratch + t * 3 * plane;
+        const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt; /* this thread's */
+        int configured = -1; /* the block size the tiles are configured for */
+        for (int64_t m0 = 0; m0 < M; m0 += MC) {
+            const int64_t mc = M - m0 < MC ? M - m0 : MC;
+            const int64_t mp = M <= STACK ? mc : (mc + TROWS - 1) / TROWS * TROWS; /* padded */
             for (int64_t r = 0; r < mp; r++) {
                 if (r < mc)
                     split_row(x + (m0 + r) * K, xs + r * Kp, K, Kp, plane);
                 else /* padding rows of the last tile: zeros */
                     for (int64_t p = 0; p < 3; p++) memset(xs + p * plane + r * Kp, 0, Kp * 2);
             }
-            /* Per thread: the tile state is a thread's. A block of at most 32 rows is one pair
-             * (or one tile): its tiles take its rows; larger blocks pad their last tiles. */
+            /* The tile state is a thread's. A block of at most 32 rows is one pair (or one
+             * tile): its tiles take its rows; larger blocks pad their last tiles. */
             const int stacked = (int)(3 * mc); /* M <= STACK: the rows of x's stacked pieces */
-            if (M <= STACK)
-                configure(stacked < TROWS ? stacked : TROWS,
-                          stacked > TROWS ? stacked - TROWS : TROWS);
-            else if (mc <= TROWS)
-                configure((int)mc, (int)mc);
-            else
-                configure(TROWS, mc <= 2 * TROWS ? (int)(mc - TROWS) : TROWS);
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < panels; p++) {
+            if (configured != (int)mc) {
+                if (M <= STACK)
+                    configure(stacked < TROWS ? stacked : TROWS,
+                              stacked > TROWS ? stacked - TROWS : TROWS);
+                else if (mc <= TROWS)
+                    configure((int)mc, (int)mc);
+                else
+                    configure(TROWS, mc <= 2 * TROWS ? (int)(mc - TROWS) : TROWS);
+                configured = (int)mc;
+            }
+            for (int64_t p = p0; p < p1; p++) {
                 const int64_t n0 = p * PANEL;
                 const int64_t nvalid = N - n0 < PANEL ? N - n0 : PANEL;
                 const uint16_t *w = wp + p * (Kp / CHUNK) * 2 * TROWS * 32;
@@ -302,10 +353,10 @@ int amx_linear(const float *x, const uint16_t *wp, const float *bias, float *y, 
                 else
                     panel(xs, w, bias, y + m0 * N, mc, Kp, plane, N, n0, nvalid);
             }
-            _tile_release(); /* a thread's tile state would otherwise ride every context switch */
         }
+        _tile_release(); /* a thread's tile state would otherwise ride every context switch */
     }
-    free(xs);
+    free(scratch);
     return 0;
 #else
     (void)x, (void)wp, (void)bias, (void)y, (void)M, (void)K, (void)N, (void)threads;

@@ -235,15 +235,15 @@ class CpuLayers:
                     raise RuntimeError(f"paged_prefill_attention failed (head_dim {dh})")
             self._linear(layer.o, attn_out, delta, pattn, pdelta, t, threads)
             self._reduce(delta, layer.o_bias)
-            x.add_(delta)
-            lib.rms_norm(px, layer.post_norm, pnormed, t, 1, hid, hid, hid, eps)
+            lib.add_rms_norm(px, pdelta, layer.post_norm, pnormed, t, hid, eps)  # x += delta
             self._linear(layer.gate_up, normed, gate_up, pnormed, pgate_up, t, threads)
             lib.silu_and_mul(pgate_up, pact, t, self.inter)
             self._linear(layer.down, act, delta, pact, pdelta, t, threads)
             self._reduce(delta, layer.down_bias)
-            x.add_(delta)
-            if i + 1 < len(self.layers):  # the next layer's input norm
-                lib.rms_norm(px, self.layers[i + 1].input_norm, pnormed, t, 1, hid, hid, hid, eps)
+            if i + 1 < len(self.layers):  # x += delta, and the next layer's input norm
+                lib.add_rms_norm(px, pdelta, self.layers[i + 1].input_norm, pnormed, t, hid, eps)
+            else:
+                x.add_(delta)
         return x
 
     def _linear(

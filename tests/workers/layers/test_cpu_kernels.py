@@ -264,6 +264,28 @@ def test_rms_norm_of_heads_viewed_out_of_a_fused_projection(lib):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 256: the threaded branch
+def test_add_rms_norm_is_the_add_then_the_norm_bit_for_bit(lib, rows):
+    # The residual step of CpuLayers.run: x += delta in place, then the norm of the new x.
+    gen = torch.Generator().manual_seed(rows)
+    x, delta = torch.randn(rows, 256, generator=gen) * 4, torch.randn(rows, 256, generator=gen)
+    weight = torch.randn(256, generator=gen)
+    expected_x = x + delta
+    expected = torch.empty(rows, 256)
+    lib.rms_norm(
+        expected_x.data_ptr(), weight.data_ptr(), expected.data_ptr(), rows, 1, 256, 256, 256, 1e-6
+    )
+    out = torch.full((rows, 256), float("nan"))
+    lib.add_rms_norm(
+        x.data_ptr(), delta.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, 256, 1e-6
+    )
+    assert torch.equal(x, expected_x)
+    assert torch.equal(out, expected)
+    norm = RMSNorm(256, 1e-6, torch.float32)
+    norm.weight.copy_(weight)
+    torch.testing.assert_close(out, norm(expected_x), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_rotary_matches_the_torch_path(lib, fused):
     rope = RotaryEmbedding(RopeConfig(), 64, 512, torch.float32)

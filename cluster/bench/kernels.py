@@ -187,20 +187,31 @@ def _linear(
     lib: Any, weights: list[Any], layouts: list[list[Any]], rows: int, repeats: int
 ) -> list[float]:
     """ms for all the layers' linears: torch, the skinny kernel, then the bfloat16-weight
-    kernel of each packed layout (bf16_linear.c's, and amx_linear.c's where it runs)."""
+    kernel of each packed layout (bf16_linear.c's, and amx_linear.c's where it runs). Each
+    writes into outputs allocated once, as the engine's step does (workers/models/
+    cpu_layers.py): a fresh output per call had added page faults that grow with the rows."""
     import torch
-    from torch.nn import functional as F
 
     from workers.layers.cpu_kernels import bf16_linear, skinny_linear
 
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    outs = [torch.empty(rows, w.shape[0]) for w in weights]
     with torch.inference_mode():
-        t = _best(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], repeats)
-        k = _best(lambda: [skinny_linear(lib, xs[w.shape[1]], w, None) for w in weights], repeats)
 
-        def packed_linears(packed: list[Any]) -> list[Any]:
-            pairs = zip(weights, packed, strict=True)
-            return [bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None) for w, p in pairs]
+        def torch_linears() -> None:  # what the engine's step runs for float32 weights
+            for w, o in zip(weights, outs, strict=True):
+                torch.mm(xs[w.shape[1]], w.t(), out=o)
+
+        def skinny_linears() -> None:
+            for w, o in zip(weights, outs, strict=True):
+                skinny_linear(lib, xs[w.shape[1]], w, None, o)
+
+        def packed_linears(packed: list[Any]) -> None:
+            for w, p, o in zip(weights, packed, outs, strict=True):
+                bf16_linear(lib, xs[w.shape[1]], p, w.shape[0], None, o)
+
+        t = _best(torch_linears, repeats)
+        k = _best(skinny_linears, repeats)
 
         packed_ms = [_best(functools.partial(packed_linears, p), repeats) for p in layouts]
     return [t, k, *packed_ms]

@@ -241,14 +241,28 @@ def paged_prefill_attention_cpu(
         raise RuntimeError(f"paged_prefill_attention failed (head_dim {dh}, or out of memory)")
 
 
+def _linear_out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked to be a contiguous float32 [rows of x, n] to write into, or a new one."""
+    if out is None:
+        return torch.empty(x.shape[0], n, dtype=x.dtype)
+    if out.shape != (x.shape[0], n) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} [{x.shape[0]}, {n}]")
+    return out
+
+
 def skinny_linear(
-    lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    lib: ctypes.CDLL,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`nn.functional.linear(x, weight, bias)` for a 2-D float32 `x` of a few rows."""
+    """`nn.functional.linear(x, weight, bias)` for a 2-D float32 `x` of a few rows (into
+    `out` when given)."""
     x = x.contiguous()
     m, k = x.shape
     n = weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype)
+    out = _linear_out(x, n, out)
     lib.skinny_gemm(
         x.data_ptr(),
         weight.data_ptr(),
@@ -315,12 +329,13 @@ def bf16_linear(
     packed: torch.Tensor,
     out_features: int,
     bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`nn.functional.linear(x, weight, bias)` for a 2-D float32 `x`, with `weight` given by
-    `packed = pack_bf16_weight(weight)` (either layout)."""
+    `packed = pack_bf16_weight(weight)` (either layout), into `out` when given."""
     x = x.contiguous()
     m, k = x.shape
-    out = torch.empty(m, out_features, dtype=x.dtype)
+    out = _linear_out(x, out_features, out)
     gemm = lib.amx_linear if amx_packed(packed) else lib.bf16_linear
     status = gemm(
         x.data_ptr(),

@@ -471,6 +471,21 @@ def test_bf16_linear_takes_a_row_slice(lib):
     torch.testing.assert_close(out, F.linear(x, w, None))
 
 
+def test_the_linear_kernels_write_into_a_given_output(lib):
+    # The benchmarks time them into outputs allocated once, as the engine's step runs them.
+    x, w = torch.randn(6, 64), torch.randn(48, 64).bfloat16().float()
+    for linear in (
+        lambda out: bf16_linear(lib, x, pack_bf16_weight(w), 48, None, out),
+        lambda out: skinny_linear(lib, x, w, None, out),
+    ):
+        out = torch.full((6, 48), float("nan"))
+        assert linear(out) is out
+        torch.testing.assert_close(out, F.linear(x, w, None))
+        for wrong in (torch.empty(6, 47), torch.empty(48, 6).t(), torch.empty(6, 48).double()):
+            with pytest.raises(ValueError, match="out must be"):
+                linear(wrong)
+
+
 def test_linear_routes_rows_by_count_and_weight(lib, monkeypatch):
     from workers.layers import linear as linear_mod
 

@@ -5,8 +5,8 @@
  * Why: the AVX-512 FMA units top out at the float32 matmul peak, and a decode step of a few
  * dozen rows, or a prefill step, is bound by them. AMX multiplies bfloat16 pairs and sums
  * them in float32 (TDPBF16PS): one tile product (16 x 16 x 32 multiply-adds) issues every
- * ~4.7 ns on this machine's cores, ~3.5 TFLOP/s a core against ~0.19 for the float32 FMA
- * units. But its inputs are bfloat16. The
+ * 5.5-6.5 ns on this machine's cores with random data (faster on zeros), ~2.5-3 TFLOP/s a
+ * core against ~0.19 for the float32 FMA units. But its inputs are bfloat16. The
  * weights are (exactly). x is not, so each row is cut into three bfloat16 pieces whose sum is
  * x exactly: x1 = x with its low 16 bits cleared, x2 = the same of x - x1, x3 = x - x1 - x2
  * (each subtraction is exact, and a float's 24 significant bits leave at most 8 for x3).

@@ -148,6 +148,9 @@ def summarize_fault(
         "active_at_kill": len(active),
         "active_completed": sum(1 for t in active if t.ok),
         "active_failed": sum(1 for t in active if not t.ok),
+        # Completed with no token after the kill: every token had arrived before it, and only
+        # the stream's end (finish reason, usage) was left to send.
+        "active_tail_only": sum(1 for t in active if t.ok and next_token_after(t, at) is None),
         "interrupted": len(interrupted),
         "stall_s": stall_s,
         "next_token_after_kill_ms": {
@@ -224,7 +227,13 @@ def format_fault(summary: dict[str, Any]) -> str:
             f"  streams active at the kill: {f['active_at_kill']}; {f['active_completed']} "
             f"completed, {f['active_failed']} failed; interrupted (failed, or a gap "
             f"> {f['stall_s']:g} s after the kill) {f['interrupted']}",
-            f"  kill -> next token ({n['streams']} streams): p50 {n['p50']:.0f} ms, p99 "
+            f"  kill -> next token ({n['streams']} streams"
+            + (
+                f"; {f['active_tail_only']} had only their end left"
+                if f["active_tail_only"]
+                else ""
+            )
+            + f"): p50 {n['p50']:.0f} ms, p99 "
             f"{n['p99']:.0f} ms, max {n['max']:.0f} ms; longest gap after the kill "
             f"({g['streams']} completed streams): p50 {g['p50']:.0f} ms, p99 {g['p99']:.0f} ms, "
             f"max {g['max']:.0f} ms; median gap before the kill "

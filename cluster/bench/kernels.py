@@ -3,7 +3,7 @@ ops they replace, per step size, side by side in one process.
 
 For each row count (the tokens of a decode step: one per sequence) it times, with random
 tensors of the model's shapes (no weights are loaded):
-- linear: every layer's projections and the LM head, torch's `linear` (the BLAS) against the
+- linear: every layer's projections and the LM head, torch's matmul (the BLAS) against the
   skinny kernel and against the bfloat16-weight kernel (the weights are drawn on the
   bfloat16 grid, as a bfloat16 checkpoint's are), and on CPUs with AMX against the AMX
   kernel the engine then uses for those weights; each layer gets its own weights, so they

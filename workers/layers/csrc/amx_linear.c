@@ -153,10 +153,12 @@ static inline const uint16_t *chunk_weights(const uint16_t *w, int64_t c, int64_
     return b;
 }
 
-/* Chunk c's weights into B tiles 4 (features 0-15) and 5 (16-31). */
-static inline __attribute__((always_inline)) void load_weights(const uint16_t *w, int64_t c,
-                                                               int64_t chunks, int prefetch) {
-    const uint16_t *b = chunk_weights(w, c, chunks, prefetch);
+/* A panel's first chunk of weights into B tiles 4 (features 0-15) and 5 (16-31); the loops
+ * load each next chunk's themselves, between the products (see panel()). */
+static inline __attribute__((always_inline)) void load_first_weights(const uint16_t *w,
+                                                                     int64_t chunks,
+                                                                     int prefetch) {
+    const uint16_t *b = chunk_weights(w, 0, chunks, prefetch);
     _tile_loadd(4, b, 64);
     _tile_loadd(5, b + TROWS * 32, 64);
 }
@@ -183,7 +185,7 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
     for (; m + TROWS < rows; m += 2 * TROWS) { /* more than one tile left: a pair */
         zero_accumulators();
         const uint16_t *a = xs + m * Kp, *a2 = a + TROWS * Kp;
-        load_weights(w, 0, chunks, m == 0);
+        load_first_weights(w, chunks, m == 0);
         _tile_loadd(6, a, ASTRIDE);
         _tile_loadd(7, a2, ASTRIDE);
         for (int64_t c = 0; c < chunks; c++) {
@@ -221,7 +223,7 @@ static void panel(const uint16_t *xs, const uint16_t *w, const float *bias, floa
                      * four chains of dependent TDPBF16PS overlap, not two */
         zero_accumulators();
         const uint16_t *a = xs + m * Kp;
-        load_weights(w, 0, chunks, m == 0);
+        load_first_weights(w, chunks, m == 0);
         _tile_loadd(6, a, ASTRIDE);
         _tile_loadd(7, a + plane, ASTRIDE);
         for (int64_t c = 0; c < chunks; c++) {
@@ -265,7 +267,7 @@ static inline __attribute__((always_inline)) void stacked_panel(
         _tile_zero(2);
         _tile_zero(3);
     }
-    load_weights(w, 0, chunks, 1);
+    load_first_weights(w, chunks, 1);
     _tile_loadd(6, xs, ASTRIDE);
     if (TWO) _tile_loadd(7, xs + TROWS * Kp, ASTRIDE);
     for (int64_t c = 0; c < chunks; c++) {

@@ -17,9 +17,9 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ServeConfig
-from cluster.server.kv_router import KV_ROUTER_CLASS_PATH
-from cluster.server.llm_server import LLMServer
-from cluster.server.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
+from cluster.replica.llm_server import LLMServer
+from cluster.routing.kv_router import KV_ROUTER_CLASS_PATH
+from cluster.routing.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
 
 LLM_SERVER_NAME = "LLMServer"
 INGRESS_NAME = "OpenAIIngress"
@@ -73,7 +73,8 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     gpu = uses_gpu(config)
     # One bundle per TP rank, packed on one node; the replica actor itself sits in bundle 0.
     # TP = 1 runs the rank in the replica process, which then holds the GPU; TP > 1 runs every
-    # rank as a Ray actor in its bundle (workers/ray_executor.py), so the replica takes none.
+    # rank as a Ray actor in its bundle (workers/executor/base/ray_executor.py), so the replica
+    # takes none.
     # Bundle 0 holds the replica actor and its `num_cpus_per_replica` CPUs (its torch threads
     # follow them); every other rank's actor takes one CPU.
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}

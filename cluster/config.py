@@ -29,7 +29,7 @@ from workers.config import (
 
 DEMO_MODEL_NAME = "kvray-demo"
 # The policy class of autoscaling_policy "llm", as Serve imports it.
-LLM_AUTOSCALING_POLICY = "cluster.server.autoscaling:LLMAutoscalingPolicy"
+LLM_AUTOSCALING_POLICY = "cluster.controller.autoscaling:LLMAutoscalingPolicy"
 # The window Serve averages each replica's stats over: short, so the policy sees the load of
 # now (the policy's delays, not a long average, keep it from flapping), yet over Serve's
 # deprecated metrics_interval_s (10 s), which it warns about otherwise.
@@ -149,7 +149,7 @@ class ServeConfig:
     enable_prefix_caching: bool = _opt(
         True, "disable the prefix cache", MODEL_GROUP, name="--no-prefix-caching"
     )
-    # workers/compile.py; None leaves it to the engine (on only where measured to win).
+    # workers/device/compile.py; None leaves it to the engine (on only where measured to win).
     compile: bool | None = _opt(
         None,
         "torch.compile the model forward (CUDA: decode batches replay CUDA graphs, other steps "
@@ -387,3 +387,12 @@ class ServeConfig:
         if self.model:
             return Path(self.model.rstrip("/")).name or self.model
         return DEMO_MODEL_NAME
+
+
+def resolve_model_dir(config: ServeConfig) -> str:
+    """The checkpoint directory on this node: config.model, or the built-in demo model."""
+    if config.model:
+        return config.model
+    from workers.demo import demo_model_dir
+
+    return str(demo_model_dir())

@@ -8,7 +8,7 @@ from typing import Any
 
 # The choices of ServeConfig's enumerated fields (cluster/config.py re-exports them).
 ROUTERS = ("prefix_affinity", "power_of_two", "kv_events")
-# llm: waiting requests + KV-cache usage per replica (cluster/server/autoscaling.py);
+# llm: waiting requests + KV-cache usage per replica (cluster/controller/autoscaling.py);
 # ongoing_requests: Ray Serve's default policy (--target-ongoing-requests).
 AUTOSCALING_POLICIES = ("llm", "ongoing_requests")
 DEVICES = ("auto", "cpu", "cuda")

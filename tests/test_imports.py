@@ -12,6 +12,8 @@ check serves other packages (parametrize `PACKAGES`).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,45 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["workers", "cluster"]
 # package -> packages it must never import
 FORBIDDEN = {"workers": ["cluster"]}
+
+# The tree says which process runs what (docs/internals.md, "Where code runs"); these rules
+# keep it true. Subpackage -> subpackages (or modules) of the same top package it must never
+# import, with the reason a newcomer would give.
+LAYOUT_RULES: dict[str, tuple[list[str], str]] = {
+    # The engine core reaches devices only through the executor's interface.
+    "workers.core": (
+        ["workers.device", "workers.executor.ray_executor", "workers.frontend"],
+        "the core reaches devices only through workers.executor.base",
+    ),
+    "workers.frontend": (
+        ["workers.device", "workers.executor"],
+        "the caller's side talks to an engine core, never to a device",
+    ),
+    "workers.device": (
+        ["workers.frontend", "workers.executor"],
+        "a worker answers its executor; it does not know who drives it",
+    ),
+    "workers.executor": (["workers.frontend"], "the executor runs under the core"),
+    # Ingress replicas host the router in their handle; neither runs an engine.
+    "cluster.routing": (
+        ["cluster.replica", "cluster.http", "cluster.grpc_api"],
+        "runs in the caller",
+    ),
+    "cluster.http": (["cluster.replica"], "the HTTP ingress runs no engine"),
+    "cluster.grpc_api": (["cluster.replica"], "the gRPC ingress runs no engine"),
+    "cluster.ingress": (["cluster.replica"], "the ingresses run no engine"),
+    "cluster.replica": (
+        ["cluster.routing", "cluster.http", "cluster.grpc_api", "cluster.ingress"],
+        "an engine replica serves requests; it neither routes nor parses them",
+    ),
+    "cluster.controller": (
+        ["cluster.replica", "cluster.routing", "cluster.http", "cluster.grpc_api"],
+        "Serve's controller imports the policy alone",
+    ),
+}
+# Subpackages whose modules never import torch, at any depth of their own statements.
+TORCH_FREE = ["workers.core", "workers.frontend", "workers.executor.base", "cluster.routing"]
+MAX_LINES = 400
 
 
 def module_files(package: str, root: Path = ROOT) -> dict[str, Path]:
@@ -149,3 +190,72 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle(tmp_path: Path) -> None:
     assert graph["pkg.sub.b"] == {"pkg.c"}
     assert find_cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     assert external_imports("pkg", tmp_path)["pkg.c"] == {"typing", "pkg"}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("subpackage", sorted(LAYOUT_RULES))
+def test_the_tree_says_which_process_runs_what(subpackage: str) -> None:
+    forbidden, why = LAYOUT_RULES[subpackage]
+    graph = import_graph(subpackage.split(".")[0])
+    modules = [m for m in graph if _within(m, subpackage)]
+    assert modules, f"no modules under {subpackage}"
+    bad = {m: sorted(t for t in graph[m] if any(_within(t, f) for f in forbidden)) for m in modules}
+    bad = {m: ts for m, ts in bad.items() if ts}
+    assert bad == {}, f"{subpackage}: {why}"
+
+
+@pytest.mark.parametrize("subpackage", TORCH_FREE)
+def test_torch_free_modules_import_no_torch(subpackage: str) -> None:
+    imports = external_imports(subpackage.split(".")[0])
+    bad = sorted(m for m, names in imports.items() if _within(m, subpackage) and "torch" in names)
+    assert bad == []
+
+
+def test_the_engine_core_and_frontend_load_without_torch() -> None:
+    """Not only their own statements: everything they import at module level stays torch-free
+    (config resolution and the executor import torch lazily, when an engine is built)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import workers.core, workers.frontend\n"
+        "for pkg in (workers.core, workers.frontend):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
+        "importlib.import_module('workers.executor.base')\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_no_source_file_is_over_the_size_limit() -> None:
+    files = [
+        p
+        for package in [*PACKAGES, "tests", "monitoring"]
+        for p in (ROOT / package).rglob("*.py")
+        if "_pb2" not in p.name
+    ]
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in files
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"over {MAX_LINES} lines: split by concept"
+
+
+def test_the_layout_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "core").mkdir(parents=True)
+    (tmp_path / "pkg" / "device").mkdir()
+    for d in ("pkg", "pkg/core", "pkg/device"):
+        (tmp_path / d / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "device" / "gpu.py").write_text("import torch\n")
+    (tmp_path / "pkg" / "core" / "sched.py").write_text(
+        "def f():\n    from pkg.device import gpu\n"
+    )
+    graph = import_graph("pkg", tmp_path)
+    assert graph["pkg.core.sched"] == {"pkg.device.gpu"}
+    assert external_imports("pkg", tmp_path)["pkg.device.gpu"] == {"torch"}

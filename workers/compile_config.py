@@ -1,4 +1,5 @@
-"""The switch and shape of the compiled forward pass (workers/compile.py), resolved at the edge.
+"""The switch and shape of the compiled forward pass (workers/device/compile.py), resolved at the
+edge.
 
 Torch-free, like workers/compile_sizes.py, so the engine's config can be built without it.
 """
@@ -12,7 +13,7 @@ from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS, capture_sizes
 
 @dataclass(frozen=True)
 class CompilationConfig:
-    """The compiled forward pass (workers/compile.py)."""
+    """The compiled forward pass (workers/device/compile.py)."""
 
     enabled: bool = False  # torch.compile the pieces around attention
     cuda_graphs: bool = False  # and replay decode-only batches from CUDA graphs (CUDA only)

@@ -1,5 +1,5 @@
 """Shape buckets of the compiled forward pass: the decode batch sizes CUDA graphs are
-captured for, and the bucket a batch is padded up to (workers/compile.py uses them).
+captured for, and the bucket a batch is padded up to (workers/device/compile.py uses them).
 
 Torch-free, so the config (workers/config.py) can size the buckets at the edge.
 """

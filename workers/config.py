@@ -240,13 +240,13 @@ class EngineArgs:
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
     grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S
-    kv_events: bool = False  # record prefix-cache KV events (workers/kv_events.py)
+    kv_events: bool = False  # record prefix-cache KV events (workers/core/kv_events.py)
     compile: bool | None = None  # compiled forward pass; None: where it was measured to win
     # Steps of fewer tokens run eagerly when compiled; None: the device's measured default.
     compile_min_tokens: int | None = None
 
     def create_config(self) -> EngineConfig:
-        from workers.platform import Platform
+        from workers.device.platform import Platform
 
         model_path = self.model
         if model_path is None:

@@ -26,7 +26,7 @@ class _Encoder(Protocol):
 @dataclass(frozen=True, slots=True)
 class ResumedSample:
     """One sample of a request that continues on another engine (request migration, see
-    workers/resume.py): what it generated before, and how much of its text the client has.
+    workers/frontend/resume.py): what it generated before, and how much of its text the client has.
 
     The engine re-creates the sample with these outputs (same index, so the same seed), replays
     them through its output state and continues token-exact where it stopped."""

@@ -1,4 +1,4 @@
-"""`kvray bench kernels`: the CPU kernels (workers/layers/cpu_kernels.py) against the torch
+"""`kvray bench kernels`: the CPU kernels (workers/device/layers/cpu_kernels.py) against the torch
 ops they replace, per step size, side by side in one process.
 
 For each row count (the tokens of a decode step: one per sequence) it times, with random
@@ -12,13 +12,13 @@ tensors of the model's shapes (no weights are loaded):
   mask) against the C kernel, contexts uniform around --context;
 - small ops: every layer's RMSNorms, rotary and SiLU-and-mul, torch against the kernels.
 It prints ms per forward's worth of each and the ratio torch / kernel (above 1: the kernel is
-faster). The engine uses the skinny kernel for `workers.layers.linear.SKINNY_ROWS` with
+faster). The engine uses the skinny kernel for `workers.device.layers.linear.SKINNY_ROWS` with
 float32 weights, the bfloat16 one up to `BF16_MAX_ROWS` rows with exactly-bfloat16 weights.
 
 Then, per prefill chunk length (--chunk-lens, over a cached prefix of --prefix tokens), every
 layer's attention of one chunk three ways: torch's SDPA (the torch-native path), the decode
 kernel a row per query token, and the prefill kernel; the engine picks between the last two
-by context (`workers.model_runner.PREFILL_KERNEL_MIN_CONTEXT`).
+by context (`workers.device.model_runner.PREFILL_KERNEL_MIN_CONTEXT`).
 
 Kept free of torch at import: this module is reachable from `kvray --help`.
 """
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from workers.layers.cpu_kernels import (
+    from workers.device.layers.cpu_kernels import (
         amx,
         kernel,
         pack_bf16_weight,
@@ -188,11 +188,11 @@ def _linear(
 ) -> list[float]:
     """ms for all the layers' linears: torch, the skinny kernel, then the bfloat16-weight
     kernel of each packed layout (bf16_linear.c's, and amx_linear.c's where it runs). Each
-    writes into outputs allocated once, as the engine's step does (workers/models/
+    writes into outputs allocated once, as the engine's step does (workers/device/models/
     cpu_layers.py): a fresh output per call had added page faults that grow with the rows."""
     import torch
 
-    from workers.layers.cpu_kernels import bf16_linear, skinny_linear
+    from workers.device.layers.cpu_kernels import bf16_linear, skinny_linear
 
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
     outs = [torch.empty(rows, w.shape[0]) for w in weights]
@@ -229,7 +229,7 @@ def _attention(lib: Any, s: Any, rows: int, context: int, repeats: int) -> tuple
     import torch
     from torch.nn import functional as F
 
-    from workers.layers.cpu_kernels import paged_decode_attention_cpu
+    from workers.device.layers.cpu_kernels import paged_decode_attention_cpu
 
     lens = torch.randint(max(1, context // 2), context + context // 2 + 1, (rows,))
     max_blocks = -(-int(lens.max()) // BLOCK_SIZE)
@@ -240,7 +240,7 @@ def _attention(lib: Any, s: Any, rows: int, context: int, repeats: int) -> tuple
     mask = (torch.arange(max_blocks * BLOCK_SIZE)[None, :] < lens[:, None])[:, None, None, :]
     scale = s.head_dim**-0.5
 
-    def torch_path() -> None:  # workers/layers/attention.py's decode branch without a kernel
+    def torch_path() -> None:  # workers/device/layers/attention.py's decode branch without a kernel
         for kc, vc in caches:
             kd = kc[tables].flatten(1, 2).transpose(1, 2)
             vd = vc[tables].flatten(1, 2).transpose(1, 2)
@@ -260,7 +260,7 @@ def _prefill(lib: Any, s: Any, n: int, prefix: int, repeats: int) -> tuple[float
     import torch
     from torch.nn import functional as F
 
-    from workers.layers.cpu_kernels import (
+    from workers.device.layers.cpu_kernels import (
         paged_decode_attention_cpu,
         paged_prefill_attention_cpu,
     )
@@ -279,7 +279,7 @@ def _prefill(lib: Any, s: Any, n: int, prefix: int, repeats: int) -> tuple[float
     out = torch.empty_like(q)
     scale = s.head_dim**-0.5
 
-    def sdpa() -> None:  # workers/layers/attention.py's prefill branch without a kernel
+    def sdpa() -> None:  # workers/device/layers/attention.py's prefill branch without a kernel
         for kc, vc in caches:
             k = kc.flatten(0, 1)[slots].transpose(0, 1)
             v = vc.flatten(0, 1)[slots].transpose(0, 1)
@@ -309,9 +309,9 @@ def _small_ops(lib: Any, s: Any, rows: int, repeats: int) -> tuple[float, ...]:
     import torch
 
     from workers.config import RopeConfig
-    from workers.layers.cpu_kernels import silu_and_mul_cpu
-    from workers.layers.norm import RMSNorm
-    from workers.layers.rotary import RotaryEmbedding
+    from workers.device.layers.cpu_kernels import silu_and_mul_cpu
+    from workers.device.layers.norm import RMSNorm
+    from workers.device.layers.rotary import RotaryEmbedding
 
     norm = RMSNorm(s.hidden, 1e-6, torch.float32)
     head_norm = RMSNorm(s.head_dim, 1e-6, torch.float32)

@@ -163,7 +163,7 @@ def measure_amx_peak(size: int = PEAK_SIZE_CPU, seconds: float = 1.0) -> MatmulP
     float32 (FMA) peak alone would not say how close it runs to the hardware."""
     import torch
 
-    from workers.layers.cpu_kernels import amx, bf16_linear, kernel, pack_bf16_weight
+    from workers.device.layers.cpu_kernels import amx, bf16_linear, kernel, pack_bf16_weight
 
     lib = kernel()
     if lib is None or not amx(lib):

@@ -77,7 +77,7 @@ class _Replica:
     def replica_id(self) -> Any:
         from ray.serve.request_router import ReplicaID
 
-        from cluster.server.ray_internals import deployment_id
+        from cluster.ray_internals import deployment_id
 
         return ReplicaID(unique_id=self.name, deployment_id=deployment_id("LLMServer", "bench"))
 
@@ -95,13 +95,13 @@ async def _router_cpu_us(
 ) -> dict[str, float]:
     from ray.serve.request_router import PendingRequest
 
-    from cluster.server import ray_internals
-    from cluster.server.kv_publish import KvPublisher
-    from cluster.server.kv_router import KvEventsRouter, prompt_block_hashes
-    from cluster.server.messages import GenerateRequest
-    from cluster.server.router import PrefixAffinityRouter
+    from cluster.messages import GenerateRequest
+    from cluster.replica.kv_publish import KvPublisher
+    from cluster.routing.kv_router import KvEventsRouter, prompt_block_hashes
+    from cluster.routing.router import PrefixAffinityRouter
+    from cluster import ray_internals
+    from workers.core.kv_events import BlockStored
     from workers.inputs import InputChecker
-    from workers.kv_events import BlockStored
     from workers.sampling_params import SamplingParams
 
     replicas = [_Replica(f"r{i}") for i in range(num_replicas)]

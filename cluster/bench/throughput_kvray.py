@@ -90,7 +90,7 @@ def run_kvray(
 def _on_amx(llm: Any) -> bool:
     """Whether the engine's linear layers run on AMX (csrc/amx_linear.c): a bfloat16
     checkpoint in float32 on a CPU with AMX. Known for the in-process worker (TP = 1)."""
-    from workers.layers.cpu_kernels import on_amx_tiles
+    from workers.device.layers.cpu_kernels import on_amx_tiles
 
     worker = getattr(llm.engine.executor, "worker", None)
     return worker is not None and on_amx_tiles(worker.model)

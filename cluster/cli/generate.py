@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from workers.config import EngineArgs
-    from workers.engine import LLMEngine
+    from workers.core.engine import LLMEngine
     from workers.sampling_params import SamplingParams
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -46,7 +46,7 @@ logger = logging.getLogger("kvray.grpc")
 
 GRPC_INGRESS_NAME = "GrpcIngress"
 # Ray Serve's default `grpc_options.port` (DESIGN.md's port table); the one literal: the CLI
-# flags import it. tests/cluster/server/test_ray_internals.py checks it against gRPCOptions().
+# flags import it. tests/cluster/test_ray_internals.py checks it against gRPCOptions().
 DEFAULT_GRPC_PORT = 9000
 LLM_SERVICE = "kvray.v1.LLMService"
 # Ray's built-in resource on the head node; a sliver of it pins a replica there.
@@ -111,11 +111,11 @@ class GrpcIngress:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
 
+        from cluster.config import resolve_model_dir
         from cluster.grpc_api.servicer import LLMServicer
         from cluster.ingress.auth import ApiKeyAuth
         from cluster.ingress.limits import RequestLimits
-        from cluster.server.llm_server import resolve_model_dir
-        from cluster.server.metrics import RouterMetrics
+        from cluster.routing.metrics import RouterMetrics
         from kvray.v1 import llm_pb2_grpc
         from workers.tokenizer import Tokenizer
 
@@ -214,7 +214,7 @@ async def _listen_address(settings: GrpcSettings) -> tuple[str, int]:
     """(host, port) from the settings, else from the running Serve instance's options."""
     host, port = settings.host, settings.port
     if host is None or port is None:
-        from cluster.server.ray_internals import serve_grpc_options, serve_http_options
+        from cluster.ray_internals import serve_grpc_options, serve_http_options
 
         # Serve keeps http_options / grpc_options in its controller; see ray_internals.
         if host is None:

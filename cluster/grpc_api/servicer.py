@@ -38,7 +38,7 @@ from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.token_text import TokenStrings
-from cluster.server.messages import GenerateRequest
+from cluster.messages import GenerateRequest
 from kvray.v1 import llm_pb2, llm_pb2_grpc
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self._token_text = TokenStrings.of(tokenizer)
         self._served_model = served_model
         self._auth = auth
-        self._metrics = metrics  # cluster.server.metrics.RouterMetrics, or None (unit use)
+        self._metrics = metrics  # cluster.routing.metrics.RouterMetrics, or None (unit use)
         self._limits = limits  # ServeConfig's request bounds, as the HTTP ingress applies them
 
     # -- RPCs ------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ class RequestGuard:
         self.app = app
         self.auth = auth
         self.max_body_bytes = max_body_bytes
-        self.metrics = metrics  # cluster.server.metrics.RouterMetrics, or None
+        self.metrics = metrics  # cluster.routing.metrics.RouterMetrics, or None
         self.max_in_flight = max_in_flight  # generation requests at once; None: no cap
         self.in_flight = 0
         # Step 0's pacing: taken per request, given back on the next turn of the loop.

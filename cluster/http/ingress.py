@@ -3,7 +3,7 @@
 Each request is checked here, once, into the engine's own types (cluster/ingress/: prompts
 tokenized, chat rendered with the template, SamplingParams and token ids checked against
 the served model) before it is routed, so a bad field is a 400 without a Serve hop. It
-reaches an engine replica as a `cluster.server.messages.GenerateRequest` through the shared
+reaches an engine replica as a `cluster.messages.GenerateRequest` through the shared
 `cluster.ingress.llm_client.LLMClient`; its RequestOutputs come back and leave as SSE frames
 (cluster/http/streams.py) or one JSON body (cluster/http/format.py). Errors leave as
 OpenAI's error body with the status of their cluster.errors class.
@@ -29,7 +29,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.config import ServeConfig
+from cluster.config import ServeConfig, resolve_model_dir
 from cluster.errors import (
     DrainingError,
     InvalidRequestError,
@@ -53,8 +53,7 @@ from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.token_text import TokenStrings
-from cluster.server.llm_server import resolve_model_dir
-from cluster.server.messages import GenerateRequest
+from cluster.messages import GenerateRequest
 from workers.sampling_params import SamplingParams
 
 logger = logging.getLogger("ray.serve.kvray.openai")
@@ -68,7 +67,7 @@ class OpenAIIngress:
 
     def __init__(self, config: ServeConfig, llm: DeploymentHandle, grpc: Any = None) -> None:
         # `grpc` (the GrpcIngress handle) is bound here only so Serve deploys it with the app.
-        from cluster.server.metrics import RouterMetrics
+        from cluster.routing.metrics import RouterMetrics
         from workers.tokenizer import Tokenizer
 
         self.config = config

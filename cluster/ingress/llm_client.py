@@ -12,7 +12,7 @@
   sends nothing per token over the Serve hop.
 - Coalescing: a streamed call's outputs that arrive while the consumer is still writing the
   previous one (to a socket, an SSE frame, a gRPC message) are merged into one
-  (cluster/server/coalesce.py); the replica paces its own yields by the stream interval.
+  (cluster/coalesce.py); the replica paces its own yields by the stream interval.
 - Cancellation: leaving the stream early (client gone, deadline, error) cancels the Serve
   call; Serve delivers that to the replica, which aborts the engine request and frees its
   KV blocks.
@@ -28,15 +28,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from cluster.coalesce import coalesced
 from cluster.config import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import as_kvray_error
 from cluster.ingress.checks import is_streamed
 from cluster.ingress.migration import migrating
-from cluster.server.coalesce import coalesced
 from workers.inputs import InputChecker
 
 if TYPE_CHECKING:
-    from cluster.server.messages import GenerateRequest
+    from cluster.messages import GenerateRequest
     from workers.outputs import RequestOutput
 
 
@@ -46,7 +46,7 @@ class LLMClient:
     def __init__(
         self, handle: Any, max_migrations: int = DEFAULT_MAX_MIGRATIONS, metrics: Any = None
     ) -> None:
-        # metrics: cluster.server.metrics.RouterMetrics (migrations), or None (unit use).
+        # metrics: cluster.routing.metrics.RouterMetrics (migrations), or None (unit use).
         self.handle = handle
         self.max_migrations = max_migrations
         self.metrics = metrics

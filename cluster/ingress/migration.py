@@ -1,7 +1,8 @@
 """Request migration: a request whose replica dies continues on another, token-exact.
 
 The ingress is the one place that sees every output a client gets, so it keeps what a resume
-needs (`workers.resume.ResumeTracker`: per sample, the tokens and the length of the text the
+needs (`workers.frontend.resume.ResumeTracker`: per sample, the tokens and the length of the text
+the
 client already has). Nothing extra travels per token. When an attempt fails with
 `EngineDeadError` (the engine process, a TP rank, the replica actor or its node died, or a
 stopped replica's grace period ran out), `migrating` sends the request again:
@@ -30,10 +31,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from cluster.errors import EngineDeadError
-from workers.resume import ResumeTracker
+from workers.frontend.resume import ResumeTracker
 
 if TYPE_CHECKING:
-    from cluster.server.messages import GenerateRequest
+    from cluster.messages import GenerateRequest
     from workers.outputs import RequestOutput
 
 logger = logging.getLogger("ray.serve.kvray.migration")

@@ -82,7 +82,7 @@ def code_ratio(codes: str) -> str:
 # Shared by the overview and the capacity rows: they must count the same replicas.
 ENGINE_REPLICAS = f"count(ray_kvray_kv_cache_blocks{{{M}}})"
 GEN_RATE = rate("ray_kvray_generation_tokens_total", M)
-# The signals LLMServer's autoscaling policy scales on (cluster/server/autoscaling.py), summed
+# The signals LLMServer's autoscaling policy scales on (cluster/controller/autoscaling.py), summed
 # over replicas, and the replicas they need at the policy's per-replica targets (dashboard
 # variables): the same as the recording rule model:kvray_replicas_needed:ceil.
 WAITING_SUM = f"sum(max by (replica) (ray_kvray_num_requests_waiting{{{M}}}))"

@@ -90,7 +90,7 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
     from cluster.config import ServeConfig
     from cluster.grpc_api.ingress import bind_grpc_ingress, grpc_options
     from cluster.http.ingress import OpenAIIngress
-    from cluster.server.llm_server import LLMServer
+    from cluster.replica.llm_server import LLMServer
     from tests.cluster.migration_load import (
         build_load,
         expected_texts,

@@ -141,14 +141,14 @@ def deploy_with_engine_env(
     **llm_options: Any,
 ) -> App:
     """`deploy` with extra environment variables in the LLMServer replicas (the engines' test
-    hooks, workers/engine_process.py) and LLMServer deployment options overridden (health
+    hooks, workers/frontend/engine_process.py) and LLMServer deployment options overridden (health
     check periods, ...); no API key. The same application as cluster.app.build_app."""
     from ray import serve
 
     from cluster.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
-    from cluster.server.llm_server import LLMServer
+    from cluster.replica.llm_server import LLMServer
 
     opts = {**llm_server_options(config), **llm_options}
     opts["ray_actor_options"] = {**opts["ray_actor_options"], "runtime_env": {"env_vars": env}}

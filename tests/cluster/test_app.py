@@ -9,7 +9,7 @@ from ray import serve
 
 from cluster.app import build_app, ingress_options, llm_server_options
 from cluster.config import ServeConfig
-from cluster.server.router import ROUTER_CLASS_PATH
+from cluster.routing.router import ROUTER_CLASS_PATH
 
 
 def test_build_app_from_yaml_args() -> None:

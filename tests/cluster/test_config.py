@@ -92,7 +92,7 @@ def test_autoscaling_config() -> None:
         "upscale_delay_s": 5.0,
         "downscale_delay_s": 120.0,
     }
-    # The default, LLM-signal policy: tests/cluster/server/test_autoscaling_policy.py.
+    # The default, LLM-signal policy: tests/cluster/controller/test_autoscaling_policy.py.
     assert "policy" in ServeConfig(max_replicas=2).autoscaling_config()
     only_max = ServeConfig(max_replicas=3).autoscaling_config()
     assert only_max["min_replicas"] == 1 and only_max["max_replicas"] == 3

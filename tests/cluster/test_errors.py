@@ -100,7 +100,7 @@ def _ray_errors() -> list[tuple[BaseException, type[KvrayError], int, str]]:
         ReplicaUnavailableError,
     )
 
-    from cluster.server.ray_internals import deployment_id
+    from cluster.ray_internals import deployment_id
 
     dead = (EngineDeadError, 503, "UNAVAILABLE")
     return [

@@ -1,6 +1,6 @@
 """TP=1 greedy parity with transformers on CUDA in float32 (run by tests/gpu/check.sh): eager;
 compiled as by default (decode-only batches replay CUDA graphs of the torch.compile pieces,
-other steps run eagerly, workers/compile.py); and with the pieces compiled for every step."""
+other steps run eagerly, workers/device/compile.py); and with the pieces compiled for every step."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the operator sees is what drives scaling: on the same replica load, the autoscaling
-policy (cluster/server/autoscaling.py), the recording rule model:kvray_replicas_needed:ceil
+policy (cluster/controller/autoscaling.py), the recording rule model:kvray_replicas_needed:ceil
 and the dashboard's "Replicas needed (autoscaler signals)" panel all ask for the same number
 of replicas, at the same targets (ServeConfig's defaults). promtool evaluates the PromQL."""
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from cluster.config import ServeConfig
-from cluster.server.autoscaling import Load, ScalingTargets
+from cluster.controller.autoscaling import Load, ScalingTargets
 from tests.monitoring.promkit import (
     DASHBOARD_VARIABLES,
     RULES_DIR,

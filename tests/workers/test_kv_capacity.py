@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workers import LLM, SamplingParams
-from workers.block_manager import BlockManager
 from workers.config import EngineArgs, SchedulerConfig
-from workers.engine import LLMEngine
+from workers.core.block_manager import BlockManager
+from workers.core.engine import LLMEngine
+from workers.core.request import Seq
+from workers.core.scheduler import Scheduler
 from workers.inputs import InputChecker
 from workers.outputs import RequestOutput
-from workers.request import Seq
-from workers.scheduler import Scheduler
 
 # The tiny mistral checkpoint (tests/checkpoints.py): 2 layers, 1 KV head of 32 floats, so one
 # token of KV is 2 * 2 * 32 * 4 = 512 bytes and a 4-token block 2 KiB. Its steps take about a
@@ -190,7 +190,7 @@ def _prompt(job: Job, i: int) -> list[int]:
 
 def _run_workload(engine: LLMEngine, jobs: list[Job], tag: str) -> None:
     limit = engine.max_model_len
-    # An upper bound on the steps (see workers/scheduler.py): every step the oldest running
+    # An upper bound on the steps (see workers/core/scheduler.py): every step the oldest running
     # sequence computes a token or finishes, it stays the oldest until it finishes, and it
     # computes at most its final length meanwhile (the recompute after a preemption included).
     # A step with nothing running admits a sequence (which then is the oldest) or finishes one.

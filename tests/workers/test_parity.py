@@ -11,7 +11,7 @@ from tests.checkpoints import KINDS, hf_greedy, hf_logprobs, load_hf, make_check
 from tests.workers.kernel_builds import avx2_build
 from tests.workers.parity import assert_greedy_match
 from workers import LLM, SamplingParams
-from workers.layers.cpu_kernels import amx, amx_packed, tiled_kernels
+from workers.device.layers.cpu_kernels import amx, amx_packed, tiled_kernels
 
 # 24 prompt lengths from 1 to 300, around block (16) boundaries on purpose.
 LENGTHS = [
@@ -107,7 +107,7 @@ def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(
     # the bytes): the tokens must stay transformers' float32 tokens. Long prompts make
     # prefill steps of more rows than BF16_MAX_ROWS.
     if build == "avx2":
-        import workers.layers.cpu_kernels as cpu_kernels
+        import workers.device.layers.cpu_kernels as cpu_kernels
 
         lib = avx2_build()
         monkeypatch.setattr(cpu_kernels, "kernel", lambda: lib)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from workers import SamplingParams
-from workers.async_engine import AsyncEngine
 from workers.config import EngineArgs
-from workers.engine import LLMEngine
+from workers.core.engine import LLMEngine
+from workers.frontend.async_engine import AsyncEngine
 from workers.outputs import RequestOutput, is_queue_timeout
 
 

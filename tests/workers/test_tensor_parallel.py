@@ -62,7 +62,7 @@ def test_tp2_matches_tp1_and_transformers(kind: str, checkpoints) -> None:
 
 
 def test_tp2_of_a_bfloat16_checkpoint_matches_transformers(tmp_path) -> None:
-    # Each rank packs bfloat16 copies of its own weight slices (workers/layers/linear.py);
+    # Each rank packs bfloat16 copies of its own weight slices (workers/device/layers/linear.py);
     # qwen2: biases on the column-parallel q/k/v.
     path = str(make_checkpoint("qwen2", tmp_path / "qwen2", dtype="bfloat16"))
     prompts = _prompts(4)

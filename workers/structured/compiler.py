@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from workers.stats import RECENT_COMPILES
+from workers.core.stats import RECENT_COMPILES
 from workers.structured.backend import CompiledGrammar, build_tokenizer, grammar_text
 from workers.structured.spec import StructuredOutputs
 

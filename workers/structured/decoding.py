@@ -13,7 +13,7 @@ the workers.
 
 Preemption needs nothing: a preempted sequence keeps its generated tokens (only its KV cache
 is recomputed), and its matcher has consumed exactly those tokens. A resumed sequence (request
-migration, workers/resume.py) arrives with earlier outputs: its new matcher consumes them
+migration, workers/frontend/resume.py) arrives with earlier outputs: its new matcher consumes them
 first, so the grammar continues where it stopped.
 """
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.request import Request, Seq
-from workers.step import GrammarBitmask
+from workers.core.request import Request, Seq
+from workers.core.step import GrammarBitmask
 from workers.structured.backend import CompiledGrammar, MaskFiller, bitmask_words
 from workers.structured.compiler import GrammarCompiler
 

@@ -164,7 +164,13 @@ def test_the_busiest_replica_has_most_running_then_most_waiting() -> None:
 def test_the_kill_checks_its_target_is_that_kind_of_process() -> None:
     # A stand-in engine: its command line names the engine module, as a real engine's does.
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "workers.engine_process"]
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "-m",
+            "workers.frontend.engine_process",
+        ]
     )
     try:
         assert "is not a replica process" in fault.kill_process(proc.pid, "replica")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.cli.main import main
-from workers.layers.cpu_kernels import amx, kernel
+from workers.device.layers.cpu_kernels import amx, kernel
 
 
 @pytest.mark.skipif(kernel() is None, reason="no C compiler: the kernels are unavailable")

@@ -70,7 +70,7 @@ def test_report_gives_each_backend_its_share_of_the_peak() -> None:
 
 
 def test_amx_peak_is_measured_where_the_engine_runs_on_amx() -> None:
-    from workers.layers.cpu_kernels import amx, kernel
+    from workers.device.layers.cpu_kernels import amx, kernel
 
     lib = kernel()
     peak = measure_amx_peak(size=128, seconds=0.05)

@@ -144,7 +144,7 @@ def test_status_codes() -> None:
         ReplicaUnavailableError,
     )
 
-    from cluster.server.ray_internals import deployment_id
+    from cluster.ray_internals import deployment_id
 
     cases = [
         (QueueFullError(), grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -9,7 +9,7 @@ import pytest
 
 from cluster.errors import InvalidRequestError
 from cluster.ingress import checks
-from cluster.server.messages import GenerateRequest
+from cluster.messages import GenerateRequest
 from workers.inputs import EngineInput, InputChecker
 from workers.outputs import RequestOutputKind
 from workers.sampling_params import SamplingParams

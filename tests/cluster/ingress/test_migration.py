@@ -17,7 +17,7 @@ import pytest
 
 from cluster.errors import EngineDeadError
 from cluster.ingress.migration import migrating
-from cluster.server.messages import GenerateRequest
+from cluster.messages import GenerateRequest
 from workers import AsyncEngine, EngineArgs, SamplingParams
 from workers.outputs import RequestOutput, RequestOutputKind
 

@@ -1,0 +1,1 @@
+"""Runs in Ray Serve's controller: the autoscaling policy of the engine replicas."""

@@ -1,0 +1,356 @@
+"""LLMServer: one engine replica (one AsyncEngine with its TP group) behind Ray Serve.
+
+`cluster.app.build_app` wraps this plain class with `serve.deployment(name="LLMServer")`;
+ingresses (HTTP, gRPC) call it through a DeploymentHandle, via cluster/ingress/llm_client.py:
+
+    gen = handle.options(stream=True).generate.remote(request)   # a GenerateRequest
+    async for out in gen: ...                # workers.outputs.RequestOutput
+
+The request (cluster/messages.py) was checked at the ingress into the engine's own
+types; this replica trusts it and hands it to `AsyncEngine.generate_input` as is. The engine
+produces the output kind the request's SamplingParams ask for: deltas for a streamed call
+(the last output, finished=True, carries everything, metrics included), or the finished
+output alone for a call that is not streamed.
+
+Errors are `cluster.errors` classes (QueueFullError, EngineDeadError), raised before the
+first output. Cancelling the caller (Ray Serve turns it into asyncio.CancelledError inside
+this replica) aborts the engine request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from cluster.coalesce import coalesced
+from cluster.config import ServeConfig, resolve_model_dir
+from cluster.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    KvrayError,
+    QueueFullError,
+    QueueTimeoutError,
+    invalid_from_value_error,
+)
+from cluster.replica.deadline import with_deadline
+from cluster.replica.kv_publish import kv_publisher
+from cluster.replica.queued_tokens import QueuedTokens, prompt_cost
+from workers.outputs import RequestOutputKind, ended_unrun, is_queue_timeout
+from workers.structured import GRAMMAR_ERROR
+
+if TYPE_CHECKING:
+    from cluster.messages import GenerateRequest
+    from workers.core.stats import EngineStats
+    from workers.outputs import RequestOutput
+
+logger = logging.getLogger("ray.serve.kvray.llm_server")
+
+# How often the replica pushes engine gauges and per-step token counts to Prometheus.
+STATS_INTERVAL_S = 1.0
+# Streamed messages per second a replica aims for across all its streams. Each message costs
+# every hop to the client (~1 ms of CPU over ingress and proxy, measured on the demo model), so
+# with N streams each one waits N / STREAM_MESSAGES_PER_S between chunks, capped by
+# `stream_interval_ms`: a lone stream gets every token at once, a busy replica sends fewer,
+# larger chunks instead of spending its CPU on messages.
+STREAM_MESSAGES_PER_S = 300.0
+
+
+class LLMServer:
+    """One engine replica. Public methods are what the ingresses call through the handle."""
+
+    async def __init__(self, config: ServeConfig) -> None:
+        from cluster.replica.metrics import EngineMetrics
+        from workers import AsyncEngine, EngineArgs
+
+        self._config = config
+        model_dir = resolve_model_dir(config)
+        logger.info("LLMServer: loading %s (tp=%d)", model_dir, config.tensor_parallel_size)
+        # TP = 1 runs the forward pass in the engine core, so the core gets its own process
+        # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
+        process = config.engine_process and config.tensor_parallel_size == 1
+        _use_reserved_cpus(config.torch_threads())
+        self._engine = AsyncEngine(EngineArgs(**config.engine_kwargs(model_dir)), process=process)
+        self._model_name = config.model_name()
+        self._created = int(time.time())
+        # Samples of the generate() calls in flight here (a request counts n): with the
+        # engine's running count, what the waiting queue behind admission control holds.
+        self._in_flight = 0
+        # Prompt tokens waiting here, against max_queued_tokens (cluster/replica/queued_tokens.py).
+        self._queued_tokens = QueuedTokens(config.max_queued_tokens)
+        # Streamed generate() calls in flight: what the chunk interval follows.
+        self._streams = 0
+        self._replica = _replica_name()
+        self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
+        self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
+        # KV events for the kv_events router, through routing stats (None: another router).
+        self._kv = kv_publisher(config, self._engine)
+        import torch
+
+        # torch threads follow the CPUs this replica reserves (num_cpus_per_replica).
+        logger.info(
+            "LLMServer ready: model=%s max_model_len=%d engine=%s torch_threads=%d",
+            self._model_name,
+            self.max_model_len,
+            "thread" if self._engine.in_process else "child process",
+            torch.get_num_threads(),
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._engine.max_model_len)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Streams the engine's RequestOutputs of one checked request (module doc).
+
+        Raises QueueFullError (waiting queue at `max_queued_requests`, or its prompt tokens
+        past `max_queued_tokens`), QueueTimeoutError (not
+        started within `queue_timeout_s`, the time since the ingress sent it included) or
+        EngineDeadError before the first output; RequestTimeoutError once the request has
+        run `request_timeout_s` (it is aborted).
+        """
+        inp = request.input
+        streamed = inp.params.output_kind is RequestOutputKind.DELTA
+        queue_timeout_s = self._queue_time_left(request)
+        queued = self._queued()
+        if queued >= self._config.max_queued_requests:
+            raise QueueFullError(
+                f"too many requests waiting on this replica ({queued} >= "
+                f"max_queued_requests={self._config.max_queued_requests}); retry later"
+            )
+        if request.migration:
+            logger.info(
+                "request %s: migration %d lands here (replica %s), %d samples resumed",
+                request.request_id,
+                request.migration,
+                self._replica,
+                len(inp.resume),
+            )
+        self._queued_tokens.admit(request.request_id, prompt_cost(inp), self._engine.stats())
+        # Samples this call counts in `_in_flight`: a resumed request runs only its unfinished.
+        held = len(inp.resume) or inp.params.n
+        self._in_flight += held
+        self._streams += streamed
+        finished = cancelled = False
+        try:
+            stream = self._engine.generate_input(inp, request.request_id, queue_timeout_s)
+            if self._config.request_timeout_s is not None:
+                stream = with_deadline(stream, self._config.request_timeout_s)
+            if streamed:
+                # Outputs that pile up while Serve ships the previous one travel as one message.
+                stream = coalesced(stream, self._interval)
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    if out.finished:
+                        finished = True
+                        # Out of the count now, not when Serve closes this generator later.
+                        self._in_flight -= held
+                        held = 0
+                        if is_queue_timeout(out):  # never started: nothing was yielded
+                            raise self._queue_timeout()
+                        if ended_unrun(out, GRAMMAR_ERROR):  # never started either
+                            raise InvalidRequestError(
+                                "structured_outputs",
+                                "structured_outputs: the constraint could not be compiled "
+                                f"within grammar_timeout_s ({self._config.grammar_timeout_s:g} s)",
+                            )
+                        self._metrics.observe_finished(out)
+                    yield out
+        except ValueError as err:  # the engine refused it (e.g. a request id already in use)
+            raise invalid_from_value_error(err, default_field="prompt") from None
+        except (asyncio.CancelledError, GeneratorExit):
+            cancelled = True
+            raise
+        except KvrayError:
+            raise
+        except Exception as err:
+            raise self._engine_error(err) from err
+        finally:
+            self._streams -= streamed
+            self._in_flight -= held
+            self._queued_tokens.release(request.request_id)
+            if not finished:
+                # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
+                self._engine.abort(request.request_id)
+                if cancelled:
+                    self._metrics.observe_aborted()
+
+    def _queue_time_left(self, request: GenerateRequest) -> float | None:
+        """What is left of queue_timeout_s once the time before this replica took the
+        request (Serve's router queue) is counted; None: no limit."""
+        limit = self._config.queue_timeout_s
+        if not limit:
+            return None
+        # Wall clocks of the ingress's node and this one: a skew shifts this by its size.
+        left = limit - max(0.0, time.time() - request.sent_at)
+        if left <= 0:
+            raise self._queue_timeout()
+        return left
+
+    def _queue_timeout(self) -> QueueTimeoutError:
+        limit = self._config.queue_timeout_s
+        return QueueTimeoutError(
+            f"the request waited longer than queue_timeout_s ({limit:g} s) to start: the "
+            "server is overloaded; retry later",
+            retry_after_s=max(1, round(limit / 4)),
+        )
+
+    def _queued(self) -> int:
+        """Samples in flight here that the engine is not running yet: the waiting queue.
+
+        Counted from the engine's running count (sequences, so samples here too) rather
+        than from each request's first output: a request that is not streamed has no output
+        before it finishes. The engine's count is its last step's, so a burst is seen at
+        once (it adds to `_in_flight`) and a finished request leaves with its final output.
+        """
+        return max(0, self._in_flight - self._engine.stats().num_requests_running)
+
+    def _interval(self) -> float:
+        return chunk_interval_s(self._streams, self._config.stream_interval_ms)
+
+    async def model_card(self) -> dict[str, Any]:
+        """{"id", "max_model_len", "vocab_size", "created"}: /v1/models, ListModels, and the
+        limits the ingresses check requests against (the model's vocabulary, which can be
+        larger than the tokenizer's)."""
+        return {
+            "id": self._model_name,
+            "max_model_len": self.max_model_len,
+            "vocab_size": self._engine.input_checker.vocab_size,
+            "kv_cache_tokens": self._engine.input_checker.kv_cache_tokens,
+            "created": self._created,
+        }
+
+    async def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    async def replica_stats(self, route: dict[str, Any] | None = None) -> dict[str, Any]:
+        """EngineStats fields plus this replica's id and queue: for tests, benches, debugging.
+
+        `route` is read only by the router: {"routing_key": K} sends the call to the replica
+        that K prefers, which is how a caller reaches every replica (a load-aware router
+        would otherwise keep answering from the idlest one).
+        """
+        stats = self._engine.stats()
+        return {
+            "replica": self._replica,
+            "queued": self._queued(),
+            "queued_tokens": self._queued_tokens.waiting(stats),
+            "engine_core": "thread" if self._engine.in_process else "process",
+            "engine_pid": self._engine.engine_pid,
+            "pid": os.getpid(),
+            "node_id": _node_id(),
+            **dataclasses.asdict(stats),
+        }
+
+    async def check_health(self) -> None:
+        """Ray Serve's health hook: raising marks the replica unhealthy and gets it replaced.
+
+        First the engine's cheap progress check (work pending and no step completed in
+        step_timeout_s is unhealthy), then the full check (TP > 1: a blocking ping of every
+        rank) on a worker thread, so this event loop's streams never wait for it."""
+        self._check_alive(full=False)  # fails fast, without a thread hop
+        await asyncio.to_thread(self._check_alive)
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """Ray Serve's routing-stats hook: load as the prefix-affinity router reads it."""
+        s = self._engine.stats()
+        return {
+            "queued": self._queued(),
+            "waiting": s.num_requests_waiting,
+            "running": s.num_requests_running,
+            "kv_cache_usage": float(s.kv_cache_usage),
+            "max_queued_requests": self._config.max_queued_requests,
+            "queued_tokens": self._queued_tokens.waiting(s),
+            "max_queued_tokens": self._config.max_queued_tokens,
+            # A dead engine fails requests fast, so it would look least loaded: the router
+            # drops replicas that say False here before Serve replaces them.
+            "engine_alive": bool(self._engine.healthy),
+            **({"kv": self._kv.publish()} if self._kv is not None else {}),
+        }
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's autoscaling-stats hook: the load LLMAutoscalingPolicy scales on
+        (cluster/controller/autoscaling.py). The same engine stats as the kvray_num_requests_waiting
+        and kvray_kv_cache_usage_ratio gauges: the dashboard shows what drives scaling."""
+        from cluster.controller.autoscaling import KV_USAGE_STAT, WAITING_STAT
+
+        s = self._engine.stats()
+        return {WAITING_STAT: float(s.num_requests_waiting), KV_USAGE_STAT: float(s.kv_cache_usage)}
+
+    def __del__(self) -> None:
+        task = getattr(self, "_stats_task", None)
+        if task is not None:
+            task.cancel()
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.shutdown()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_alive(self, full: bool = True) -> None:
+        try:
+            if full:
+                self._engine.check_health()
+            else:
+                self._engine.check_progress()
+        except Exception as err:
+            raise EngineDeadError(f"engine is not running: {err}") from None
+
+    def _engine_error(self, err: BaseException) -> KvrayError:
+        if not self._engine.healthy:
+            # Named, so the ingress migrates the request to another replica than this one.
+            return EngineDeadError(f"engine died: {err}", replica=self._replica)
+        return KvrayError(f"internal error: {err}")
+
+    async def _push_stats_forever(self) -> None:
+        while True:
+            try:
+                self._metrics.observe_stats(self._engine.stats())
+                # Waits for the engine thread's next command slot: off this event loop.
+                counts = await asyncio.to_thread(self._engine.pop_step_token_counts)
+                self._metrics.observe_step_tokens(counts)
+            except Exception:  # metrics must never take the replica down
+                logger.exception("pushing engine stats failed")
+            await asyncio.sleep(STATS_INTERVAL_S)
+
+
+def chunk_interval_s(streams: int, cap_ms: int) -> float:
+    """Least seconds between two chunks of one stream when `streams` stream from this replica:
+    each gets its share of STREAM_MESSAGES_PER_S, never waiting more than `cap_ms`."""
+    return min(cap_ms / 1000, streams / STREAM_MESSAGES_PER_S)
+
+
+def _replica_name() -> str:
+    from ray import serve
+
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (unit use): one unnamed replica
+        return "local"
+
+
+def _node_id() -> str | None:
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # outside Ray (unit use)
+        return None
+
+
+def _use_reserved_cpus(threads: int) -> None:
+    """torch threads = the CPUs this replica reserved, here and in the engine child.
+
+    Ray sets OMP_NUM_THREADS to an actor's CPUs (1 by default); the engine child inherits
+    this environment and torch reads OMP_NUM_THREADS when it starts.
+    """
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)

@@ -1,0 +1,189 @@
+"""KV-event request router: send a prompt where its KV blocks really are, weighed against load.
+
+Every replica's engine reports the blocks entering and leaving its prefix cache (KV events,
+workers/core/kv_events.py); the replica publishes them in its routing stats
+(cluster/replica/kv_publish.py) and Serve broadcasts those to every router, so each router
+instance (one per ingress replica) keeps its own `KvIndex` (cluster/routing/kv_index.py).
+
+Per request the router hashes the prompt's full blocks exactly as the engine does
+(`workers.core.block_manager.chain_hash`, no salt), asks the index how many leading blocks each
+live replica holds, and picks the lowest cost:
+
+    cost = tokens to prefill (prompt minus the held prefix)
+         + load_tokens x (requests in flight + engine waiting queue)
+         + the whole prompt again when the replica's KV cache is nearly full
+         - home_tokens for the prompt's rendezvous "home" replica, if it holds as much as any
+
+Replicas that left the deployment drop out of the index on the next request; a new replica
+(or a restarted engine: another epoch) starts empty. Requests with an explicit routing key,
+and non-generate calls, are routed like PrefixAffinityRouter does (rendezvous on the key).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
+
+from cluster.messages import GenerateRequest
+from cluster.ray_internals import ask_for_backoff
+from cluster.routing.kv_index import DEFAULT_MAX_BLOCKS, DEFAULT_PREDICTED_TTL_S, KvIndex
+from cluster.routing.router import (
+    PrefixAffinityRouter,
+    RouterOptions,
+    live_replicas,
+    prefix_routing_key,
+    rendezvous_rank,
+)
+from workers.core.block_manager import chain_hash
+
+KV_ROUTER_CLASS_PATH = "cluster.routing.kv_router.KvEventsRouter"
+MAX_PENDING_CHOICES = 4096  # requests chosen for and not yet routed, remembered for predict()
+
+
+@dataclass(frozen=True)
+class KvRouterOptions:
+    """The KV router's `request_router_kwargs` (cluster/app.py passes them from ServeConfig)."""
+
+    block_size: int  # the engine's KV block size
+    max_prompt_blocks: int = 256  # leading blocks hashed per prompt (bounds the lookup cost)
+    load_tokens: float = 128.0  # prefill tokens one more request in flight is worth
+    # Credit of the prompt's home replica (rendezvous on its first blocks, the old rule) when
+    # it holds as much of the prompt as any: a prefix nobody holds (new, or evicted
+    # everywhere) goes back to the same replica instead of wherever load put it last.
+    home_tokens: float = 256.0
+    home_key_blocks: int = 4
+    kv_cache_usage_limit: float = 0.95  # at/above: a hit will likely be evicted; no credit
+    max_index_blocks: int = DEFAULT_MAX_BLOCKS  # per replica
+    predicted_ttl_s: float = DEFAULT_PREDICTED_TTL_S
+
+    @staticmethod
+    def from_kwargs(kwargs: dict[str, Any]) -> KvRouterOptions:
+        known = {f.name for f in fields(KvRouterOptions)}
+        unknown = set(kwargs) - known
+        if unknown:
+            raise ValueError(f"unknown KvEventsRouter kwargs: {sorted(unknown)}")
+        if "block_size" not in kwargs:
+            raise ValueError("KvEventsRouter needs request_router_kwargs['block_size']")
+        return KvRouterOptions(**kwargs)
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int) -> list[int]:
+    """The chained hashes of the prompt's full blocks the engine could reuse (it always
+    computes the last token), at most `max_blocks`: the engine's own hashes."""
+    n = min((len(token_ids) - 1) // block_size, max_blocks)
+    hashes: list[int] = []
+    parent = None
+    for i in range(n):
+        parent = chain_hash(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
+        hashes.append(parent)
+    return hashes
+
+
+class KvEventsRouter(PrefixAffinityRouter):
+    """Scores replicas by the prompt blocks their engines report holding, against load."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._kv_opts = KvRouterOptions.from_kwargs(kwargs)
+        # The fallback path (explicit routing keys) is PrefixAffinityRouter's.
+        self._opts = RouterOptions(block_size=self._kv_opts.block_size)
+        self.index = KvIndex(
+            max_blocks=self._kv_opts.max_index_blocks,
+            predicted_ttl_s=self._kv_opts.predicted_ttl_s,
+        )
+        # id(request) -> (request, its block hashes, label) until it is routed; bounded.
+        self._choices: dict[int, tuple[PendingRequest, list[int], str]] = {}
+        self.decisions = 0
+        self.cpu_s = 0.0  # this router's CPU time spent choosing (thread time)
+        self._metrics = _router_metrics()
+
+    def refresh(self, replicas: Sequence[RunningReplica]) -> None:
+        """Feed the index every known replica's latest payload; forget replicas that left."""
+        every = {r.replica_id.unique_id: r for r in self.curr_replicas.values()}
+        every.update((r.replica_id.unique_id, r) for r in replicas)
+        self.index.retain(every)
+        for rid, r in every.items():
+            self.index.update(rid, (r.routing_stats or {}).get("kv"))
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        request = pending_request.args[0] if pending_request and pending_request.args else None
+        if not isinstance(request, GenerateRequest) or request.routing_key:
+            return await super().choose_replicas(candidate_replicas, pending_request)
+        if not candidate_replicas:
+            return []
+        started = time.thread_time()
+        ask_for_backoff(pending_request)  # type: ignore[arg-type]
+        self.remember_request(pending_request)
+        self.refresh(candidate_replicas)
+        replicas = live_replicas(candidate_replicas, pending_request)
+        opts = self._kv_opts
+        ids = request.input.prompt_token_ids
+        hashes = prompt_block_hashes(ids, opts.block_size, opts.max_prompt_blocks)
+        now = time.monotonic()
+        held = {
+            r.replica_id.unique_id: self.index.overlap(r.replica_id.unique_id, hashes, now)
+            for r in replicas
+        }
+        most = max(held.values())
+        home = self._home(ids, replicas)
+        scored = []
+        for r in random.sample(replicas, len(replicas)):  # ties: no favourite
+            rid = r.replica_id.unique_id
+            cost = self.cost(r, len(ids), held[rid])
+            if r is home and held[rid] == most:
+                cost -= opts.home_tokens
+            scored.append((cost, -held[rid], r))
+        scored.sort(key=lambda t: t[:2])
+        best_held = -scored[0][1]
+        label = "load" if not any(t[1] for t in scored) else "affinity"
+        if label == "affinity" and best_held < max(-t[1] for t in scored):
+            label = "fallback"  # a replica holds more, but load outweighs it
+        self._choices.pop(id(pending_request), None)
+        self._choices[id(pending_request)] = (pending_request, hashes, label)  # type: ignore[assignment]
+        while len(self._choices) > MAX_PENDING_CHOICES:
+            del self._choices[next(iter(self._choices))]
+        self.decisions += 1
+        self.cpu_s += time.thread_time() - started
+        ranked = [t[2] for t in scored]
+        return [[ranked[0]], ranked[1:3]] if len(ranked) > 1 else [ranked]
+
+    def _home(self, ids: Sequence[int], replicas: list[RunningReplica]) -> RunningReplica | None:
+        key = prefix_routing_key(ids, self._kv_opts.block_size, self._kv_opts.home_key_blocks)
+        if key is None:
+            return None
+        by_id = {r.replica_id.unique_id: r for r in replicas}
+        return by_id[rendezvous_rank(key, list(by_id))[0]]
+
+    def cost(self, replica: RunningReplica, prompt_tokens: int, held_blocks: int) -> float:
+        opts = self._kv_opts
+        stats = replica.routing_stats or {}
+        miss = prompt_tokens - held_blocks * opts.block_size
+        if float(stats.get("kv_cache_usage", 0.0)) >= opts.kv_cache_usage_limit:
+            miss += prompt_tokens
+        load = self._in_flight(replica) + int(stats.get("waiting", 0))
+        return miss + opts.load_tokens * load
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        choice = self._choices.pop(id(pending_request), None)
+        if choice is None or choice[0] is not pending_request:  # routed by an explicit key
+            super().on_request_routed(pending_request, replica_id, result)
+            return
+        _, hashes, label = choice
+        self.index.predict(replica_id.unique_id, hashes, time.monotonic())
+        self._metrics.routing(label)
+
+
+def _router_metrics() -> Any:
+    from cluster.routing.metrics import RouterMetrics
+
+    return RouterMetrics()

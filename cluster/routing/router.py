@@ -1,0 +1,227 @@
+"""Prefix-affinity request router for LLMServer: send shared prefixes where they are cached.
+
+The key of a request is a hash of its prompt's first full KV blocks of token ids (up to
+`max_blocks` blocks of `block_size` tokens): requests that share those blocks share prefix-cache
+entries, so they should meet on one replica. The key picks a preferred replica by rendezvous
+(highest-random-weight) hashing over the replicas' ids, so every router instance (each
+ingress replica has its own) agrees without talking, and adding or removing a replica only
+moves the keys that belonged to it.
+
+Load comes from two places: this router's own count of requests in flight per replica (Ray
+Serve's queue-length cache, exact for this router) and the replicas' routing stats (engine
+waiting queue, KV usage; refreshed every `ROUTING_STATS_PERIOD_S` by the controller). When the
+preferred replica is saturated, or far busier than the least-loaded one, the request goes to
+the least-loaded replica instead ("fallback"). Requests without a key (prompts shorter than a
+block) go to the least-loaded replica ("load").
+
+What the router reads: the first argument of the handle call. Ingresses tokenize, so an
+`LLMServer.generate` call carries a `cluster.messages.GenerateRequest` with token ids
+(an explicit `routing_key` overrides the hash); `replica_stats({"routing_key": K})` carries
+a dict. The block size is the engine's (`request_router_kwargs["block_size"]`, from
+ServeConfig via cluster/app.py). Serve internals the router needs are in ray_internals.py.
+
+Replicas whose routing stats say `engine_alive: False` are left out while any other is alive.
+
+`--request-router kv_events` (cluster/routing/kv_router.py) routes on what the engines report
+holding instead of this guess; it keeps this rule as its tie-break ("home" replica) and for
+calls with an explicit routing key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from cluster.messages import GenerateRequest
+from cluster.ray_internals import FulfillOwnRequest, ask_for_backoff
+
+logger = logging.getLogger("ray.serve.kvray.router")
+
+ROUTER_CLASS_PATH = "cluster.routing.router.PrefixAffinityRouter"
+ROUTING_STATS_PERIOD_S = 1.0
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """The router's `request_router_kwargs` (cluster/app.py passes them from ServeConfig)."""
+
+    block_size: int  # the engine's KV block size: only full blocks are prefix-cached
+    max_blocks: int = 4  # key = hash of the first min(full blocks, max_blocks) blocks
+    imbalance_threshold: int = 4  # in-flight(preferred) - in-flight(least loaded) from: fallback
+    kv_cache_usage_limit: float = 0.95  # preferred replica's KV usage at/above: fallback
+
+    @staticmethod
+    def from_kwargs(kwargs: dict[str, Any]) -> RouterOptions:
+        known = {f.name for f in fields(RouterOptions)}
+        unknown = set(kwargs) - known
+        if unknown:
+            raise ValueError(f"unknown PrefixAffinityRouter kwargs: {sorted(unknown)}")
+        if "block_size" not in kwargs:
+            raise ValueError(
+                "PrefixAffinityRouter needs request_router_kwargs['block_size'] "
+                "(the engine's KV block size)"
+            )
+        return RouterOptions(**kwargs)
+
+
+def prefix_routing_key(token_ids: Sequence[int], block_size: int, max_blocks: int) -> str | None:
+    """Hash of the first full KV blocks (at most `max_blocks`); None without a full block."""
+    full = min(len(token_ids) // block_size, max_blocks)
+    if full == 0:
+        return None
+    data = array("q", token_ids[: full * block_size]).tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def request_routing_key(request: Any, opts: RouterOptions) -> str | None:
+    """The routing key of a handle call's first argument (None: route by load only).
+
+    A GenerateRequest (LLMServer.generate): its explicit key, else the hash of its prompt's
+    first full blocks. A dict (`replica_stats({"routing_key": K})`): its explicit key.
+    """
+    if isinstance(request, GenerateRequest):
+        if request.routing_key:
+            return request.routing_key
+        return prefix_routing_key(request.input.prompt_token_ids, opts.block_size, opts.max_blocks)
+    if isinstance(request, dict):
+        explicit = request.get("routing_key")
+        return explicit if isinstance(explicit, str) and explicit else None
+    return None
+
+
+def rendezvous_rank(key: str, replica_ids: Sequence[str]) -> list[str]:
+    """Replica ids ordered by highest random weight for `key` (first = preferred)."""
+
+    def weight(rid: str) -> bytes:
+        return hashlib.blake2b(f"{key}|{rid}".encode(), digest_size=8).digest()
+
+    return sorted(replica_ids, key=weight, reverse=True)
+
+
+def live_replicas(
+    replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+) -> list[RunningReplica]:
+    """The replicas whose last routing stats do not say their engine is dead, less those a
+    migrated request already failed on (its `exclude_replicas`).
+
+    A dead engine fails requests at once, so it would look least loaded and draw traffic
+    until Serve's health check replaces it. Replicas without stats yet count as alive. If
+    every replica is dead they are all kept: requests then fail fast with the engine-dead
+    error instead of waiting for a replica that may never come.
+    """
+    alive = [r for r in replicas if (r.routing_stats or {}).get("engine_alive", True)]
+    request = pending_request.args[0] if pending_request and pending_request.args else None
+    avoid = getattr(request, "exclude_replicas", None)
+    if avoid:
+        alive = [r for r in alive if r.replica_id.unique_id not in avoid] or alive
+    return alive or replicas
+
+
+class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
+    """Prefix-cache affinity balanced against load. Configured through request_router_kwargs.
+
+    FulfillOwnRequest: the replica chosen for a request goes to that request, even when
+    several handle calls share one ingress request's id (see ray_internals).
+    """
+
+    # An engine replica's event loop shares its process with the engine thread, so a
+    # queue-length probe can take longer than Serve's 0.1 s default on a busy CPU machine;
+    # a missed deadline makes the router treat the replica as unavailable for that round.
+    queue_len_response_deadline_s = 0.5
+    max_queue_len_response_deadline_s = 5.0
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        # Serve calls this right after constructing the router, before any routing.
+        self._opts = RouterOptions.from_kwargs(kwargs)
+        self._metrics = _router_metrics()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        if pending_request is not None:
+            ask_for_backoff(pending_request)
+            self.remember_request(pending_request)
+        candidate_replicas = live_replicas(candidate_replicas, pending_request)
+        # Shuffled first so that equally loaded replicas share the work (sort is stable).
+        by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
+        preferred = self._preferred(candidate_replicas, pending_request)
+        if preferred is None:
+            # Ray Serve picks the least loaded within a rank (probing if its cache is cold).
+            return [by_load[:2]]
+        others = [r for r in by_load if r.replica_id != preferred.replica_id]
+        if self._saturated(preferred, by_load[0]):
+            return [others[:2], [preferred]] if others else [[preferred]]
+        return [[preferred], others[:2]]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        self._metrics.routing(self.routing_decision(pending_request, replica_id))
+
+    def routing_decision(self, pending_request: PendingRequest, replica_id: ReplicaID) -> str:
+        """DESIGN.md's label of a routed request: affinity | load | fallback."""
+        preferred = self._preferred(
+            live_replicas(list(self.curr_replicas.values()), pending_request), pending_request
+        )
+        if preferred is None:
+            return "load"
+        return "affinity" if preferred.replica_id == replica_id else "fallback"
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _preferred(
+        self, replicas: Sequence[RunningReplica], pending_request: PendingRequest | None
+    ) -> RunningReplica | None:
+        if pending_request is None or not replicas:
+            return None
+        request = pending_request.args[0] if pending_request.args else None
+        key = request_routing_key(request, self._opts)
+        if key is None:
+            return None
+        by_id = {r.replica_id.unique_id: r for r in replicas}
+        return by_id[rendezvous_rank(key, list(by_id))[0]]
+
+    def _in_flight(self, replica: RunningReplica) -> int:
+        cached = self.replica_queue_len_cache.get(replica.replica_id)
+        if cached is not None:
+            return cached
+        stats = replica.routing_stats or {}
+        return int(stats.get("running", 0)) + int(stats.get("waiting", 0))
+
+    def _load(self, replica: RunningReplica) -> tuple[int, float]:
+        stats = replica.routing_stats or {}
+        return (self._in_flight(replica), float(stats.get("kv_cache_usage", 0.0)))
+
+    def _saturated(self, preferred: RunningReplica, least: RunningReplica) -> bool:
+        opts = self._opts
+        stats = preferred.routing_stats or {}
+        if int(stats.get("waiting", 0)) > 0:
+            return True  # the engine itself has no room: it is queueing
+        cap = int(stats.get("max_queued_requests", 0))
+        if cap and int(stats.get("queued", 0)) * 2 >= cap:
+            return True  # half way to rejecting with 429
+        token_cap = int(stats.get("max_queued_tokens", 0))
+        if token_cap and int(stats.get("queued_tokens", 0)) * 2 >= token_cap:
+            return True  # half way to rejecting with 429 for its waiting prompt tokens
+        if float(stats.get("kv_cache_usage", 0.0)) >= opts.kv_cache_usage_limit:
+            return True
+        if self._in_flight(preferred) >= preferred.max_ongoing_requests:
+            return True
+        return self._in_flight(preferred) - self._in_flight(least) >= opts.imbalance_threshold
+
+
+def _router_metrics() -> Any:
+    from cluster.routing.metrics import RouterMetrics
+
+    return RouterMetrics()

@@ -1,0 +1,130 @@
+"""Adaptive coalescing of streamed outputs: merged deltas add up, nothing lost, early exit
+closes the source."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from cluster.coalesce import coalesced, merge_outputs
+from workers.outputs import CompletionOutput, RequestOutput
+
+
+def _out(step: int, total: int, n: int = 2) -> RequestOutput:
+    done = step == total - 1
+    outs = [
+        CompletionOutput(
+            index=i,
+            text="".join(f"t{k}" for k in range(step + 1)),
+            token_ids=list(range(step + 1)),
+            finish_reason="length" if done else None,
+            delta_text=f"t{step}",
+            delta_token_ids=[step],
+            delta_logprobs=[{step: -1.0}],
+        )
+        for i in range(n)
+    ]
+    return RequestOutput("r", None, [1, 2], outs, finished=done)
+
+
+def test_merge_concatenates_deltas_and_keeps_the_latest_state() -> None:
+    merged = merge_outputs([_out(0, 3), _out(1, 3), _out(2, 3)])
+    assert merged.finished
+    for c in merged.outputs:
+        assert c.delta_text == "t0t1t2" and c.delta_token_ids == [0, 1, 2]
+        assert c.delta_logprobs == [{0: -1.0}, {1: -1.0}, {2: -1.0}]
+        assert c.text == "t0t1t2" and c.finish_reason == "length"
+
+
+def test_merge_of_delta_outputs_keeps_a_finish_reported_once() -> None:
+    # DELTA outputs: no cumulative fields; a sample's finish is reported in one output only,
+    # and a later output may not list that sample at all.
+    a = RequestOutput(
+        "r",
+        None,
+        [],
+        [
+            CompletionOutput(0, finish_reason="stop", stop_reason=7, delta_token_ids=[7]),
+            CompletionOutput(1, delta_text="x", delta_token_ids=[3]),
+        ],
+    )
+    b = RequestOutput("r", None, [], [CompletionOutput(1, delta_text="y", delta_token_ids=[4])])
+    merged = merge_outputs([a, b])
+    assert [c.index for c in merged.outputs] == [0, 1]
+    done, running = merged.outputs
+    assert (done.finish_reason, done.stop_reason, done.delta_token_ids) == ("stop", 7, [7])
+    assert (running.finish_reason, running.delta_text, running.delta_token_ids) == (
+        None,
+        "xy",
+        [3, 4],
+    )
+    assert not merged.finished and merged.prompt_token_ids == []
+
+
+async def _source(
+    total: int, closed: list[bool], delay: float = 0.0
+) -> AsyncIterator[RequestOutput]:
+    try:
+        for step in range(total):
+            if delay:
+                await asyncio.sleep(delay)
+            yield _out(step, total)
+    finally:
+        closed.append(True)
+
+
+def test_a_slow_consumer_gets_fewer_chunks_with_the_same_text() -> None:
+    async def run() -> tuple[int, str]:
+        chunks, text = 0, ""
+        async for out in coalesced(_source(50, [])):
+            chunks += 1
+            text += out.outputs[0].delta_text
+            await asyncio.sleep(0.01)  # a consumer slower than its source
+        return chunks, text
+
+    chunks, text = asyncio.run(run())
+    assert text == "".join(f"t{k}" for k in range(50))
+    assert chunks < 50
+
+
+def test_interval_merges_and_the_last_output_still_arrives() -> None:
+    async def run() -> list[RequestOutput]:
+        return [o async for o in coalesced(_source(20, [], delay=0.001), interval_s=0.05)]
+
+    outs = asyncio.run(run())
+    assert outs[-1].finished and len(outs) < 20
+    assert sum(len(o.outputs[1].delta_token_ids) for o in outs) == 20
+
+
+def test_an_interval_function_is_read_before_each_wait() -> None:
+    """A floor that follows the load: 0 while chunks go one token each, then 50 ms."""
+    yielded: list[int] = []
+
+    def interval() -> float:
+        return 0.0 if len(yielded) < 10 else 0.05
+
+    async def run() -> list[RequestOutput]:
+        outs = []
+        async for o in coalesced(_source(60, [], delay=0.002), interval_s=interval):
+            outs.append(o)
+            yielded.append(len(o.outputs[0].delta_token_ids))
+            await asyncio.sleep(0.003)  # slower than the source: every chunk is due at once
+        return outs
+
+    outs = asyncio.run(run())
+    assert outs[-1].finished
+    assert sum(yielded) == 60
+    assert len(outs) < 30 and max(yielded[10:]) > max(yielded[:10])
+
+
+def test_leaving_early_closes_the_source() -> None:
+    closed: list[bool] = []
+
+    async def run() -> None:
+        stream = coalesced(_source(1000, closed, delay=0.001))
+        async for _ in stream:
+            break
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert closed == [True]

@@ -1,0 +1,233 @@
+"""The KV block pool: the only writer of block tables.
+
+Blocks are ref-counted. With prefix caching, a full block is identified by a hash chained
+over its parent's hash and its token ids (plus an optional salt, e.g. an adapter id), so a
+new sequence reuses the longest cached prefix of its prompt. Blocks no sequence references
+stay resident in an LRU free queue and are evicted (their hash dropped) only when a block
+is needed.
+
+Block hashes are the same in every process (blake2b, not Python's `hash`, which varies with
+the process for None and strings): a router hashes a prompt itself and compares with the
+engine's KV events (workers/core/kv_events.py), which the manager records when built with
+`kv_events=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from workers.core.kv_events import KvEventRecorder
+from workers.core.request import Seq
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    tokens: tuple[int, ...] | None = None  # the tokens a hashed block holds (for checks)
+    parent_hash: int | None = None  # the hash this block's hash chains on (KV snapshots)
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...], salt: object = None) -> int:
+    """A signed 64-bit hash of (parent hash, token ids, salt), the same in every process."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(b"root" if parent is None else parent.to_bytes(8, "little", signed=True))
+    h.update(array("q", tokens).tobytes())
+    if salt is not None:
+        h.update(repr(salt).encode())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        kv_events: bool = False,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache has no blocks: raise kv_cache_memory_bytes")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Unreferenced blocks in least-recently-used order (front = evicted first).
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+        # Off unless a KV-aware router listens: no recorder, no cost.
+        self.kv_events: KvEventRecorder | None = None
+        if kv_events and enable_caching:
+            self.kv_events = KvEventRecorder(self._cached_chain, block_size)
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ---------------------------------------------------------------------
+    def _hashes(self, seq: Seq, num_full_blocks: int) -> list[int]:
+        """Extends seq.block_hashes to cover its first `num_full_blocks` full blocks."""
+        bs = self.block_size
+        hashes = seq.block_hashes
+        toks = seq.token_ids
+        for i in range(len(hashes), num_full_blocks):
+            parent = hashes[i - 1] if i else None
+            hashes.append(chain_hash(parent, tuple(toks[i * bs : (i + 1) * bs])))
+        return hashes
+
+    def lookup_prefix(self, seq: Seq) -> list[int]:
+        """Block ids of the longest cached prefix of seq (at least one token left to compute)."""
+        if not self.enable_caching:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hit: list[int] = []
+        for i, h in enumerate(self._hashes(seq, max_blocks)):
+            bid = self.cached.get(h)
+            if bid is None:
+                break
+            block = self.blocks[bid]
+            # Guard against hash collisions: the block must hold exactly these tokens.
+            bs = self.block_size
+            if block.tokens != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+                break
+            hit.append(bid)
+        return hit
+
+    def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries += num_tokens
+        self.prefix_hits += num_hit_tokens
+
+    # -- allocation -------------------------------------------------------------------------
+    def can_allocate(self, seq: Seq, num_new_tokens: int, cached: list[int] = ()) -> bool:
+        total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        need = self.blocks_needed(total) - len(seq.block_ids) - len(cached)
+        # Cached blocks sitting in the free queue are not free once we take them.
+        taken_from_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        return need <= self.num_free_blocks - taken_from_free
+
+    def allocate(self, seq: Seq, num_new_tokens: int, cached: list[int] = ()) -> bool:
+        """Gives seq blocks for `num_new_tokens` more tokens (after `cached` prefix blocks).
+
+        All or nothing: returns False and changes nothing when blocks do not suffice.
+        """
+        if not self.can_allocate(seq, num_new_tokens, cached):
+            return False
+        total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        for bid in cached:
+            self._ref(bid)
+            seq.block_ids.append(bid)
+        need = self.blocks_needed(total) - len(seq.block_ids)
+        for _ in range(need):
+            bid, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[bid]
+            if block.block_hash is not None:  # evict the LRU cached block
+                if self.cached.get(block.block_hash) == bid:
+                    del self.cached[block.block_hash]
+                    if self.kv_events is not None:
+                        self.kv_events.removed([block.block_hash])
+                block.block_hash, block.tokens, block.parent_hash = None, None, None
+            block.ref_count = 1
+            seq.block_ids.append(bid)
+        return True
+
+    def _ref(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.ref_count == 0:
+            del self.free_queue[bid]
+        block.ref_count += 1
+
+    def commit_full_blocks(self, seq: Seq) -> None:
+        """Registers the hashes of seq's blocks that are now full of computed tokens."""
+        if not self.enable_caching:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        hashes = self._hashes(seq, full)
+        bs = self.block_size
+        stored: list[int] = []  # one run of newly cached, chained blocks (one KV event)
+        for i in range(full):
+            block = self.blocks[seq.block_ids[i]]
+            if block.block_hash is not None:
+                continue
+            h = hashes[i]
+            if h in self.cached:  # another block already holds this content
+                continue
+            block.block_hash = h
+            block.parent_hash = hashes[i - 1] if i else None
+            block.tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            self.cached[h] = block.block_id
+            if self.kv_events is not None:
+                if stored and stored[-1] != block.parent_hash:
+                    self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
+                    stored = []
+                stored.append(h)
+        if stored and self.kv_events is not None:
+            self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
+
+    def free(self, seq: Seq) -> None:
+        # Tail blocks first, so they are evicted before the (more shareable) prefix blocks.
+        for bid in reversed(seq.block_ids):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {bid} freed twice")
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    # Uncached blocks are useless once free: put them first in line.
+                    self.free_queue[bid] = None
+                    self.free_queue.move_to_end(bid, last=False)
+                else:
+                    self.free_queue[bid] = None
+        seq.block_ids = []
+
+    def reset_prefix_cache(self) -> None:
+        removed: list[int] = []
+        for h, bid in list(self.cached.items()):
+            if self.blocks[bid].ref_count == 0:
+                block = self.blocks[bid]
+                block.block_hash, block.tokens, block.parent_hash = None, None, None
+                del self.cached[h]
+                removed.append(h)
+        if self.kv_events is not None:
+            # Blocks in use stay cached: then it is a removal, not a clear.
+            if self.cached:
+                self.kv_events.removed(removed)
+            else:
+                self.kv_events.cleared()
+
+    def pop_kv_events(self) -> tuple:
+        """This step's KV events (workers/core/kv_events.py); () when nobody asked for them."""
+        return self.kv_events.pop() if self.kv_events is not None else ()
+
+    def _cached_chain(self) -> list[tuple[int, int | None]]:
+        """(hash, parent hash) of every cached block: a KV-event snapshot."""
+        return [(h, self.blocks[bid].parent_hash) for h, bid in self.cached.items()]
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError when internal state is inconsistent (used by tests)."""
+        for b in self.blocks:
+            assert b.ref_count >= 0, f"negative ref count on block {b.block_id}"
+            assert (b.ref_count == 0) == (b.block_id in self.free_queue), (
+                f"block {b.block_id}: ref {b.ref_count}, free {b.block_id in self.free_queue}"
+            )
+        for h, bid in self.cached.items():
+            b = self.blocks[bid]
+            assert b.block_hash == h and b.tokens is not None and len(b.tokens) == self.block_size
+        assert len(self.free_queue) + sum(b.ref_count > 0 for b in self.blocks) == self.num_blocks

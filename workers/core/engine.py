@@ -1,0 +1,391 @@
+"""LLMEngine: add requests, then `step()` = schedule -> execute -> update, until done.
+
+Requests arrive checked (`workers.inputs.EngineInput`, built by `InputChecker`); the engine
+trusts them and only refuses what depends on its own state: a request_id already in use, a
+prompt that can never fit in the KV cache. Each step returns what the requests' output kinds
+ask for (see `workers.outputs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import replace
+
+from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
+from workers.core.block_manager import BlockManager
+from workers.core.output_processor import (
+    delta_output,
+    final_output,
+    finish_abort,
+    finish_grammar_complete,
+    finish_out_of_cache,
+    new_output_state,
+    process_token,
+    resume_output_state,
+)
+from workers.core.request import Request, Seq, SeqStatus
+from workers.core.scheduler import Scheduler, SchedulerOutput
+from workers.core.stats import EngineStats, waiting_prefill_tokens
+from workers.core.step import CachedSeq, NewSeq, StepInput
+from workers.executor.base import Executor, create_executor
+from workers.inputs import EngineInput, InputChecker
+from workers.outputs import QUEUE_TIMEOUT, RequestMetrics, RequestOutput, RequestOutputKind
+from workers.sampling_params import SamplingParams
+from workers.structured import GRAMMAR_ERROR, check_structured
+from workers.structured.compiler import GrammarCompiler
+from workers.structured.decoding import StructuredDecoding
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(
+        self, config: EngineConfig, progress: bool = False, executor: Executor | None = None
+    ) -> None:
+        from workers.tokenizer import Tokenizer
+
+        self.tokenizer = Tokenizer.from_pretrained(config.model.path)
+        self.executor = executor or create_executor(config, progress=progress)
+        # Only now is the KV cache sized: max_model_len must fit it (capped, or an error for
+        # an explicit max_model_len; see fit_to_kv_cache).
+        kv_cache_tokens = self.executor.num_blocks * config.cache.block_size
+        try:
+            config = fit_to_kv_cache(config, kv_cache_tokens)
+        except ValueError:
+            if executor is None:
+                self.executor.shutdown()  # ours: no ranks or memory left behind
+            raise
+        self.config = config
+        self.block_manager = BlockManager(
+            self.executor.num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            kv_events=config.cache.kv_events,
+        )
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        self.requests: dict[str, Request] = {}
+        self.seqs: dict[str, Seq] = {}
+        self._removed: list[str] = []  # sequences the workers must forget next step
+        # Queue deadlines (time.monotonic()) of requests no step has taken yet.
+        self._queue_deadlines: dict[str, float] = {}
+        self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
+            self.tokenizer.eos_token_ids
+        )
+        self.input_checker = InputChecker(
+            config.model.vocab_size, config.scheduler.max_model_len, kv_cache_tokens
+        )
+        # Constrained decoding: grammars compile on a background thread, cached by spec.
+        self.structured = StructuredDecoding(
+            GrammarCompiler(
+                self.tokenizer.hf,
+                config.model.vocab_size,
+                self.eos_token_ids,
+                config.structured.grammar_cache_size,
+            ),
+            config.model.vocab_size,
+            config.structured.grammar_timeout_s,
+        )
+        self.num_steps = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        # Bounded: nobody may be reading them (offline use).
+        self.step_token_counts: deque[int] = deque(maxlen=4096)
+        log.info(
+            "engine ready: %s, %d KV blocks of %d tokens (%d tokens), max_model_len %d, device %s",
+            config.served_model_name,
+            self.block_manager.num_blocks,
+            config.cache.block_size,
+            self.block_manager.num_blocks * config.cache.block_size,
+            config.scheduler.max_model_len,
+            config.device_type,
+        )
+
+    @classmethod
+    def from_args(cls, args: EngineArgs, progress: bool = False) -> LLMEngine:
+        return cls(args.create_config(), progress=progress)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.scheduler.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model.vocab_size
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_prompt(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Checks a raw prompt (text or token ids) with `input_checker`, then adds it."""
+        inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)
+        if params.structured_outputs is not None:
+            check_structured(params.structured_outputs, self.tokenizer)
+        return self.add_request(request_id, inp, arrival_time)
+
+    def add_request(
+        self,
+        request_id: str,
+        inp: EngineInput,
+        arrival_time: float | None = None,
+        queue_timeout_s: float | None = None,
+    ) -> Request:
+        """Admits a checked request. Raises ValueError only for what depends on the engine's
+        state: a request_id in use, a prompt the KV cache can never hold.
+
+        A request that no step has taken `queue_timeout_s` after `arrival_time` finishes
+        unrun, its samples aborted with stop_reason QUEUE_TIMEOUT (`is_queue_timeout`)."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        params = replace(inp.params, eos_token_ids=self.eos_token_ids)
+        ids = list(inp.prompt_token_ids)
+        now = arrival_time if arrival_time is not None else time.monotonic()
+        # A resumed request (inp.resume) runs only its unfinished samples, each under its own
+        # index (hence seed) and continuing from its earlier outputs: the scheduler recomputes
+        # prompt + outputs as after a preemption, and the sampler's seeded noise depends only
+        # on (seed, outputs so far), so the sample goes on exactly as it would have.
+        resumed = {r.index: r for r in inp.resume}
+        seqs: list[Seq] = []
+        for i in sorted(resumed) if resumed else range(params.n):
+            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            seq = Seq(
+                seq_id=f"{request_id}#{i}",
+                request_id=request_id,
+                index=i,
+                prompt_token_ids=ids,
+                params=p,
+            )
+            seq.out = new_output_state(seq, self.tokenizer)
+            r = resumed.get(i)
+            if r is not None:
+                resume_output_state(
+                    seq, r.output_token_ids, r.text_sent, r.logprobs, self.max_model_len
+                )
+            if seqs and self.config.cache.enable_prefix_caching:
+                seq.gate = seqs[0]
+            seqs.append(seq)
+        for seq in seqs:
+            self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        req = Request(request_id, inp.prompt, ids, params, seqs, now)
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.seqs[seq.seq_id] = seq
+        self.structured.add(req)  # constrained: its sequences wait for their grammar
+        if queue_timeout_s is not None:
+            self._queue_deadlines[request_id] = now + queue_timeout_s
+        return req
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        self.structured.forget(request_id)
+        for seq in req.seqs:
+            finish_abort(seq)
+            self._retire(seq)
+        return self._finish_request(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        touched: dict[str, Request] = {}
+        if self._queue_deadlines:
+            self._expire_queued(touched)
+        if self.structured.has_pending:
+            self._start_grammars(touched)
+        sched = self.scheduler.schedule()
+        if not sched.scheduled and self.structured.has_pending:
+            self.structured.wait(0.01)  # nothing else to run: do not spin on the compile
+        for seq in sched.preempted:
+            if seq.on_workers:
+                self._removed.append(seq.seq_id)
+                seq.on_workers = False
+        for seq in sched.out_of_cache:
+            log.warning(
+                "%s finished (length): %d tokens do not fit the KV cache (%d tokens)",
+                seq.seq_id,
+                seq.num_tokens,
+                self.block_manager.num_blocks * self.block_manager.block_size,
+            )
+            finish_out_of_cache(seq)
+            self._retire(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        if sched.scheduled:
+            self._execute(sched, touched)
+        outputs: list[RequestOutput] = []
+        for req in touched.values():
+            if req.finished:
+                outputs.append(self._finish_request(req))
+            elif req.params.output_kind is RequestOutputKind.DELTA:
+                outputs.append(self._delta_output(req))
+        return outputs
+
+    def _execute(self, sched: SchedulerOutput, touched: dict[str, Request]) -> None:
+        """Runs the scheduled sequences one step and processes the sampled tokens."""
+        step = self._step_input(sched.scheduled)
+        result = self.executor.execute(step)
+        now = time.monotonic()
+        self.num_steps += 1
+        self.step_token_counts.append(sched.num_batched_tokens)
+        for seq, n in sched.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.commit_full_blocks(seq)
+        lps = result.logprobs
+        for i, (sid, token) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
+            seq = self.seqs[sid]
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+                if self.requests[seq.request_id].seqs[0] is seq:  # once per request
+                    self.prompt_tokens += seq.prompt_len
+            seq.token_ids.append(token)
+            seq.token_times.append(now)
+            self.generation_tokens += 1
+            grammar_done = seq.grammar is not None and self.structured.accept(seq, token)
+            process_token(seq, token, lps[i] if lps is not None else None, self.max_model_len)
+            if grammar_done:
+                finish_grammar_complete(seq)
+            if seq.finish_reason is not None:
+                self._retire(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+
+    def _step_input(self, scheduled: list[tuple[Seq, int]]) -> StepInput:
+        step = StepInput(removed=self._removed, grammar=self.structured.bitmask(scheduled))
+        self._removed = []
+        for seq, n in scheduled:
+            if not seq.on_workers:
+                step.new.append(
+                    NewSeq(
+                        seq.seq_id,
+                        seq.prompt_token_ids,
+                        list(seq.token_ids),
+                        seq.params,
+                        list(seq.block_ids),
+                        seq.num_computed_tokens,
+                        n,
+                    )
+                )
+                seq.on_workers = True
+            else:
+                step.cached.append(
+                    CachedSeq(
+                        seq.seq_id,
+                        seq.token_ids[seq.sent_tokens :],
+                        seq.block_ids[seq.sent_blocks :],
+                        seq.num_computed_tokens,
+                        n,
+                    )
+                )
+            seq.sent_tokens = len(seq.token_ids)
+            seq.sent_blocks = len(seq.block_ids)
+        return step
+
+    def _expire_queued(self, touched: dict[str, Request]) -> None:
+        """Finishes the requests still unrun at their queue deadline; forgets the deadlines
+        of requests a step has taken (or that ended)."""
+        now = time.monotonic()
+        for request_id, deadline in list(self._queue_deadlines.items()):
+            req = self.requests.get(request_id)
+            if req is None or any(s.first_scheduled_time is not None for s in req.seqs):
+                del self._queue_deadlines[request_id]
+            elif now >= deadline:
+                del self._queue_deadlines[request_id]
+                for seq in req.seqs:
+                    finish_abort(seq, stop_reason=QUEUE_TIMEOUT)
+                    self._retire(seq)
+                touched[request_id] = req
+
+    def _start_grammars(self, touched: dict[str, Request]) -> None:
+        """Constrained requests whose grammar finished compiling become schedulable; those
+        whose compile failed or timed out finish (abort, stop_reason GRAMMAR_ERROR)."""
+        for req, _why in self.structured.poll():
+            for seq in req.seqs:
+                finish_abort(seq, stop_reason=GRAMMAR_ERROR)
+                self._retire(seq)
+            touched[req.request_id] = req
+
+    def _retire(self, seq: Seq) -> None:
+        if seq.status is not SeqStatus.FINISHED:
+            self.scheduler.remove(seq)
+        if seq.on_workers:
+            self._removed.append(seq.seq_id)
+            seq.on_workers = False
+        self.seqs.pop(seq.seq_id, None)
+
+    def _finish_request(self, req: Request) -> RequestOutput:
+        """The finished output: everything cumulative, the last delta, and the metrics."""
+        self.requests.pop(req.request_id, None)
+        self.structured.forget(req.request_id)
+        self._queue_deadlines.pop(req.request_id, None)
+        seqs = req.seqs
+        firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
+        scheds = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[final_output(s) for s in seqs],
+            finished=True,
+            num_cached_tokens=seqs[0].num_cached_tokens,
+            metrics=RequestMetrics(
+                arrival_time=req.arrival_time,
+                first_scheduled_time=min(scheds) if scheds else None,
+                first_token_time=min(firsts) if firsts else None,
+                finished_time=time.monotonic(),
+                token_times=sorted(t for s in seqs for t in s.token_times),
+                num_prompt_tokens=len(req.prompt_token_ids),
+                num_generation_tokens=sum(s.num_output_tokens for s in seqs),
+                num_cached_tokens=seqs[0].num_cached_tokens,
+            ),
+        )
+
+    def _delta_output(self, req: Request) -> RequestOutput:
+        """A running DELTA request: what changed this step, nothing cumulative."""
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=None,
+            prompt_token_ids=[],
+            outputs=[delta_output(s) for s in req.seqs],
+            num_cached_tokens=req.seqs[0].num_cached_tokens,
+        )
+
+    # -- introspection -----------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        g = self.structured.compiler.stats()
+        return EngineStats(
+            num_requests_running=len(self.scheduler.running),
+            num_requests_waiting=len(self.scheduler.waiting),
+            num_waiting_prefill_tokens=waiting_prefill_tokens(
+                self.scheduler.waiting, self.scheduler.running
+            ),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            kv_cache_usage=bm.usage,
+            prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            num_steps=self.num_steps,
+            structured_requests=g.structured_requests,
+            grammar_cache_hits=g.cache_hits,
+            grammar_compiles=g.compiles,
+            grammar_compile_seconds=g.compile_seconds,
+            recent_grammar_compile_seconds=g.recent_compile_seconds,
+        )
+
+    def pop_step_token_counts(self) -> list[int]:
+        counts = list(self.step_token_counts)
+        self.step_token_counts.clear()
+        return counts
+
+    def shutdown(self) -> None:
+        self.structured.compiler.shutdown()
+        self.executor.shutdown()

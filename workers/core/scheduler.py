@@ -1,0 +1,145 @@
+"""Token-budget continuous batching with chunked prefill and preemption (vLLM v1 style).
+
+Every step: running sequences first, in admission order (decodes take 1 token, partially
+prefilled prompts take a chunk), then waiting sequences in arrival order while the token
+budget, `max_num_seqs` and KV blocks last. A long prompt is split across steps, so running
+decodes are never starved. When blocks run out, the most recently admitted running
+sequence is preempted: its blocks are freed and it goes back to the front of the queue to
+be recomputed later (reusing whatever the prefix cache still holds). A waiting sequence
+whose grammar is still compiling (constrained decoding) is passed over, not waited for.
+
+A sequence the whole cache cannot hold never loops: once it needs more blocks than the cache
+has, or cannot grow (running) or be admitted (waiting) with every other block free, it is
+finished (the engine reports finish_reason "length") and its blocks come back. The engine
+caps max_model_len to the cache (config.fit_to_kv_cache), so this is the safety net, not the
+common path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers.config import SchedulerConfig
+from workers.core.block_manager import BlockManager
+from workers.core.request import Seq, SeqStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Seq, int]]  # (sequence, tokens to compute this step)
+    preempted: list[Seq] = field(default_factory=list)
+    # Finished here because the whole KV cache cannot hold them (removed, blocks freed).
+    out_of_cache: list[Seq] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Seq) -> None:
+        capacity = self.bm.num_blocks * self.bm.block_size
+        if seq.prompt_len + 1 > capacity:
+            raise ValueError(
+                f"prompt ({seq.prompt_len} tokens) can never fit in the KV cache "
+                f"({capacity} tokens); raise kv_cache_memory_bytes"
+            )
+        self.waiting.append(seq)
+
+    def remove(self, seq: Seq) -> None:
+        """Drops a sequence (finished or aborted) and returns its blocks."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _preempt(self, seq: Seq, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        seq.sent_blocks = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def _never_fits(self, num_tokens: int) -> bool:
+        return self.bm.blocks_needed(num_tokens) > self.bm.num_blocks
+
+    def _finish_out_of_cache(self, seq: Seq, out: SchedulerOutput) -> None:
+        self.remove(seq)
+        out.out_of_cache.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        out = SchedulerOutput(scheduled=[])
+        # 1. Running sequences, oldest admission first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.bm.allocate(seq, n):
+                if len(self.running) == 1 or self._never_fits(seq.num_computed_tokens + n):
+                    # Larger than the whole cache (or alone, every other block free, and still
+                    # not fitting): it never will, so it ends here instead of preempting the
+                    # others and itself for ever.
+                    self._finish_out_of_cache(seq, out)
+                    break
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append((seq, n))
+                budget -= n
+                i += 1
+                continue
+            # seq itself was preempted or finished; the list shifted, do not advance i.
+        # 2. Waiting sequences, in arrival order, unless we just had to preempt.
+        now = time.monotonic()
+        skipped: list[Seq] = []
+        while (
+            self.waiting
+            and budget > 0
+            and not out.preempted
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            if seq.gate is not None and not seq.gate.prefill_done and not seq.gate.finished:
+                skipped.append(self.waiting.popleft())  # wait for the sibling's prompt blocks
+                continue
+            if seq.grammar_pending:
+                skipped.append(self.waiting.popleft())  # its grammar is still compiling
+                continue
+            cached = self.bm.lookup_prefix(seq) if seq.num_computed_tokens == 0 else []
+            num_cached = len(cached) * self.bm.block_size
+            n = min(seq.num_tokens - num_cached, budget)
+            if not self.bm.allocate(seq, n, cached):
+                if self.running and not self._never_fits(seq.num_tokens):
+                    break  # blocks come back as running sequences finish
+                # Larger than the whole cache, or no sequence holds a block and seq still does
+                # not fit: it never will (a sequence preempted after outgrowing the cache).
+                self._finish_out_of_cache(seq, out)
+                continue
+            if seq.first_scheduled_time is None:
+                if self.bm.enable_caching:
+                    self.bm.record_query(seq.prompt_len, min(num_cached, seq.prompt_len))
+                seq.num_cached_tokens = min(num_cached, seq.prompt_len)
+                seq.first_scheduled_time = now
+            seq.num_computed_tokens = num_cached
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out

@@ -1,0 +1,191 @@
+"""Turns one step's scheduled sequences into flat batch tensors and runs the model.
+
+Layout: decodes (1 query token) first, then prefill chunks; positions, slot mapping, block
+tables and masks are built with numpy in one pass so per-step Python work stays small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from workers.device.layers.attention import AttentionMetadata, PrefillSeq
+from workers.device.layers.cpu_kernels import tiled_kernels
+from workers.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class SeqState:
+    """A worker's copy of one sequence."""
+
+    seq_id: str
+    prompt_len: int
+    token_ids: list[int]
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int = 0
+    num_scheduled: int = 0
+    # Plain greedy: argmax suffices (no penalties, logprobs or min_tokens to enforce).
+    plain_greedy: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.plain_greedy = (
+            p.greedy and not p.has_penalties and p.logprobs is None and p.min_tokens == 0
+        )
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_states: list[SeqState]  # rows of the logits, in order
+
+
+def prepare_inputs(
+    states: list[SeqState], block_size: int, device: torch.device, cpu_kernel: object = None
+) -> ModelInput:
+    """`cpu_kernel`: the loaded CPU kernel library (workers/device/layers/cpu_kernels.py), or None
+    for the torch path."""
+    decodes = [s for s in states if s.num_scheduled == 1]
+    prefills = [s for s in states if s.num_scheduled > 1]
+    kernel_prefills: list[SeqState] = []
+    # Not where the prefill kernel has no register tiles (narrower than AVX2): SDPA per chunk.
+    if cpu_kernel is not None and tiled_kernels(cpu_kernel):
+        # Prefill chunks attend through the CPU kernels too, laid out right after the
+        # decodes: chunks over a short context as rows of the decode kernel (a row per query
+        # token), then the others, whose blocks of query tokens share each K/V read in the
+        # prefill kernel (workers/device/layers/attention.py). Over a computed prefix SDPA would
+        # need the context gathered and an explicit mask; fresh chunks too measured faster
+        # this way than one SDPA call each (README, "Prefill attention on CPU").
+        kernel_prefills = sorted(prefills, key=_attends_blockwise)  # stable: rows first
+        prefills = []
+    bs = block_size
+
+    ids: list[int] = []
+    pos_parts: list[np.ndarray] = []
+    slot_parts: list[np.ndarray] = []
+    logits_idx: list[int] = []
+    sample_states: list[SeqState] = []
+
+    d = len(decodes)
+    decode_tables = decode_mask = decode_lens = None
+    # Block-table rows: decodes, then (kernel path) each kernel chunk's query tokens; a row
+    # attends to its sequence's positions 0..p (lens = p + 1) through the sequence's table.
+    kernel_rows = d + sum(s.num_scheduled for s in kernel_prefills)
+    if kernel_rows:
+        lens = np.empty(kernel_rows, dtype=np.int64) if cpu_kernel is not None else None
+        max_blocks = max(len(s.block_ids) for s in (*decodes, *kernel_prefills))
+        tables = np.zeros((kernel_rows, max_blocks), dtype=np.int64)
+    if d:
+        ctx = np.fromiter((s.num_computed_tokens for s in decodes), dtype=np.int64, count=d)
+        ids.extend(s.token_ids[s.num_computed_tokens] for s in decodes)
+        for r, s in enumerate(decodes):
+            tables[r, : len(s.block_ids)] = s.block_ids
+        pos_parts.append(ctx)
+        slot_parts.append(tables[np.arange(d), ctx // bs] * bs + ctx % bs)
+        if cpu_kernel is not None:
+            lens[:d] = ctx + 1
+        else:
+            decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
+            # Causal: a decode at position p attends to positions 0..p.
+            mask = np.arange(max_blocks * bs)[None, :] <= ctx[:, None]
+            decode_mask = torch.from_numpy(mask).to(device, non_blocking=True)[:, None, None, :]
+        for r, s in enumerate(decodes):
+            if s.num_computed_tokens + 1 == len(s.token_ids):
+                logits_idx.append(r)
+                sample_states.append(s)
+    row = d
+    num_row_rows = d  # rows through the decode kernel: decodes, then short-context chunks
+    chunks: list[tuple[int, int, int]] = []  # prefill kernel: (first row, length, position)
+    for s in kernel_prefills:
+        start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
+        tables[row : row + n, : len(blocks)] = blocks
+        lens[row : row + n] = pos + 1
+        if _attends_blockwise(s):
+            chunks.append((row, n, start))
+        else:
+            num_row_rows += n
+        row += n
+        if end == len(s.token_ids):
+            logits_idx.append(row - 1)
+            sample_states.append(s)
+    if kernel_rows and cpu_kernel is not None:
+        decode_tables = torch.from_numpy(tables)
+        decode_lens = torch.from_numpy(lens)
+
+    prefill_meta: list[PrefillSeq] = []
+    offset = kernel_rows
+    for s in prefills:
+        start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
+        if start == 0:
+            slots = mask = None
+        else:
+            ctx_pos = np.arange(end, dtype=np.int64)
+            slots = torch.from_numpy(blocks[ctx_pos // bs] * bs + ctx_pos % bs).to(device)
+            mask_np = ctx_pos[None, :] <= pos[:, None]
+            mask = torch.from_numpy(mask_np).to(device)
+        prefill_meta.append(PrefillSeq(offset, n, end, slots, mask))
+        offset += n
+        if end == len(s.token_ids):
+            logits_idx.append(offset - 1)
+            sample_states.append(s)
+
+    positions = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
+    slots_all = np.concatenate(slot_parts) if slot_parts else np.zeros(0, dtype=np.int64)
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slots_all).to(device),
+        num_decodes=d,
+        num_kernel_rows=kernel_rows if cpu_kernel is not None else 0,
+        decode_block_tables=decode_tables,
+        decode_mask=decode_mask,
+        prefills=prefill_meta,
+        decode_lens=decode_lens,
+        cpu_kernel=cpu_kernel,
+        num_row_kernel_rows=num_row_rows if cpu_kernel is not None else 0,
+        prefill_chunks=torch.tensor(chunks, dtype=torch.int64) if chunks else None,
+    )
+    return ModelInput(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.from_numpy(positions).to(device),
+        meta=meta,
+        logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=device),
+        sample_states=sample_states,
+    )
+
+
+# CPU: prefill chunks whose context (cached prefix + chunk) reaches this many tokens attend
+# through the prefill kernel, shorter ones a row per token through the decode kernel. Measured
+# per chunk length, many chunks per call, no prefix, 2 threads (README, "Prefill attention on
+# CPU"): the prefill kernel won from 16 tokens with the demo's heads (1.7x at 64), from 32 with
+# the 100M checkpoint's (1.4x at 64) and from 64 with Qwen3-0.6B's (1.0x at 64, 1.3x at 96);
+# over a cached prefix it wins from a few tokens (2.4x for 8 tokens over 1,024).
+PREFILL_KERNEL_MIN_CONTEXT = 64
+
+
+def _attends_blockwise(s: SeqState) -> bool:
+    """Whether a prefill chunk goes through the CPU prefill kernel (not a row per token)."""
+    return s.num_computed_tokens + s.num_scheduled >= PREFILL_KERNEL_MIN_CONTEXT
+
+
+def _add_chunk(
+    s: SeqState,
+    bs: int,
+    ids: list[int],
+    pos_parts: list[np.ndarray],
+    slot_parts: list[np.ndarray],
+) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+    """Appends a prefill chunk's tokens, positions and KV slots to the flat batch; returns
+    (start, n, end, positions, block ids)."""
+    start, n = s.num_computed_tokens, s.num_scheduled
+    end = start + n
+    ids.extend(s.token_ids[start:end])
+    pos = np.arange(start, end, dtype=np.int64)
+    blocks = np.asarray(s.block_ids, dtype=np.int64)
+    pos_parts.append(pos)
+    slot_parts.append(blocks[pos // bs] * bs + pos % bs)
+    return start, n, end, pos, blocks

@@ -1,0 +1,16 @@
+"""Model families. `build_model(config, tp, dtype, device)` picks one by architecture."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.config import ModelConfig
+from workers.device.distributed import TPGroup
+
+
+def build_model(config: ModelConfig, tp: TPGroup, dtype: torch.dtype, max_pos: int):  # noqa: ANN201
+    # Llama, Mistral, Qwen2 and Qwen3 differ only in flags (qkv bias, q/k norm, tying), so
+    # one implementation covers them.
+    from workers.device.models.llama import LlamaForCausalLM
+
+    return LlamaForCausalLM(config, tp, dtype, max_pos)

@@ -1,0 +1,155 @@
+"""The Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k RMSNorm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workers.config import ModelConfig
+from workers.device.distributed import TPGroup
+from workers.device.layers.attention import AttentionMetadata, PagedAttention
+from workers.device.layers.cpu_kernels import silu_and_mul_cpu
+from workers.device.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from workers.device.layers.linear import ColumnParallelLinear, RowParallelLinear
+from workers.device.layers.norm import RMSNorm
+from workers.device.layers.rotary import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = c.num_heads // tp.size
+        self.num_kv_heads = c.kv_heads_per_rank(tp.size)
+        self.head_dim = c.head_dim
+        self.q_size = self.num_heads * c.head_dim
+        self.kv_size = self.num_kv_heads * c.head_dim
+        self.qkv_proj = ColumnParallelLinear(
+            c.hidden_size, [self.q_size, self.kv_size, self.kv_size], c.qkv_bias, tp, dtype
+        )
+        self.o_proj = RowParallelLinear(self.q_size, c.hidden_size, False, tp, dtype)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.rotary = rotary
+        self.attn = PagedAttention(
+            self.num_heads, self.num_kv_heads, c.head_dim, scale=c.head_dim**-0.5
+        )
+
+    def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv(positions, x)
+        return self.out(self.attn(q, k, v, kv_cache, meta))
+
+    def qkv(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What comes before the paged attention: projections, q/k norm, rotary."""
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return q, k, v
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype):
+        super().__init__()
+        self.inter = c.intermediate_size // tp.size
+        self.gate_up_proj = ColumnParallelLinear(
+            c.hidden_size, [self.inter, self.inter], False, tp, dtype
+        )
+        self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
+        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        # Not while compiling: inductor fuses the torch ops itself.
+        if self.cpu_kernels is not None and not torch.compiler.is_compiling():
+            return self.down_proj(silu_and_mul_cpu(self.cpu_kernels, gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.self_attn = Attention(c, tp, dtype, rotary)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.mlp = MLP(c, tp, dtype)
+
+    def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
+        q, k, v = self.pre_attention(positions, x)
+        return self.post_attention(x, self.self_attn.attn(q, k, v, kv_cache, meta))
+
+    # The two pieces around the paged attention: workers/device/compile.py compiles them (the same
+    # graph serves every layer: the layer is an argument) and keeps the attention eager.
+    def pre_attention(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.self_attn.qkv(positions, self.input_layernorm(x))
+
+    def post_attention(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.out(o)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, max_pos: int):
+        super().__init__()
+        c.check_tensor_parallel(tp.size)
+        self.config = c
+        self.tp = tp
+        self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp, dtype)
+        rotary = RotaryEmbedding(c.rope, c.head_dim, max_pos, dtype)
+        self.rotary = rotary
+        self.layers = nn.ModuleList(DecoderLayer(c, tp, dtype, rotary) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.lm_head = ParallelLMHead(
+            self.embed_tokens if c.tie_word_embeddings else None,
+            c.vocab_size,
+            c.hidden_size,
+            tp,
+            dtype,
+        )
+        # Set by workers.device.compile.compile_model: the compiled pieces (None: eager).
+        self.compiled: Any = None
+        # Set by the worker on CPU with the C kernels: workers.device.models.cpu_layers.CpuLayers,
+        # the
+        # layers as direct kernel calls (None: the modules).
+        self.cpu_layers: Any = None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Returns logits [len(logits_indices), vocab] for the selected flattened positions."""
+        if self.compiled is not None:
+            x = self.compiled.hidden_states(self, input_ids, positions, kv_caches, meta)
+        else:
+            x = self.hidden_states(input_ids, positions, kv_caches, meta)
+        x = self.norm(x[logits_indices])
+        return self.lm_head(x)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The eager path: [T, hidden] after the last layer, before the final norm."""
+        x = self.embed_tokens(input_ids)
+        if self.cpu_layers is not None and meta.num_kernel_rows == x.shape[0]:
+            return self.cpu_layers.run(x, positions, kv_caches, meta)
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, cache, meta)
+        return x

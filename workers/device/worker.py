@@ -1,0 +1,266 @@
+"""One tensor-parallel rank: its weight shard, its KV-cache shard, and the model runner.
+
+The same class runs in-process (TP = 1, offline fast path) and inside a Ray actor (TP >= 1).
+Only the driver rank (0) samples; every rank runs the forward pass in lockstep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import time
+
+import torch
+
+from workers.config import EngineConfig
+from workers.core.step import GrammarBitmask, StepInput, StepOutput
+from workers.device.distributed import TPGroup
+from workers.device.layers.sampler import greedy_tokens
+from workers.device.loader import load_weights
+from workers.device.model_runner import SeqState, prepare_inputs
+from workers.device.models import build_model
+
+log = logging.getLogger(__name__)
+
+_CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
+    m = config.model
+    elem = torch.empty(0, dtype=config.torch_dtype).element_size()
+    kvh = m.kv_heads_per_rank(tp.size)
+    return 2 * m.num_layers * config.cache.block_size * kvh * m.head_dim * elem
+
+
+class Worker:
+    def __init__(
+        self, config: EngineConfig, tp: TPGroup, device: torch.device, progress: bool = False
+    ) -> None:
+        self.config = config
+        self.tp = tp
+        self.device = device
+        self.is_driver = tp.rank == 0
+        self.block_size = config.cache.block_size
+        t0 = time.perf_counter()
+        rss_before, anon_before = _rss_bytes(), _anon_rss_bytes()
+        torch.manual_seed(config.seed)
+        with torch.device(device):
+            self.model = build_model(
+                config.model, tp, config.torch_dtype, config.scheduler.max_model_len
+            )
+        load_weights(self.model, config.model, tp, progress=progress)
+        self.model.eval()
+        # Peak host memory the load added (sharded loading keeps it near one shard).
+        self.load_peak_rss_bytes = max(0, _peak_rss_bytes() - rss_before)
+        self.load_anon_bytes = max(0, _anon_rss_bytes() - anon_before)
+        log.info(
+            "rank %d/%d: loaded %s (%.1f M params on this rank) in %.2fs",
+            tp.rank,
+            tp.size,
+            config.model.architecture,
+            sum(p.numel() for p in self.model.parameters()) / 1e6,
+            time.perf_counter() - t0,
+        )
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.steps = 0
+        self.execute_s = 0.0
+        self.states: dict[str, SeqState] = {}
+        from workers.device.layers.sampler import Sampler
+
+        self.sampler = Sampler(seed=config.seed)
+        # On CPU in float32, decode attention, few-row linears, norms, rotary and SiLU-and-mul
+        # run small C kernels (workers/device/layers/cpu_kernels.py); elsewhere the torch paths.
+        self.cpu_kernel = None
+        # Host bytes the bfloat16 copies of exactly-bfloat16 weights added (negative: freed).
+        self.packed_bytes = 0
+        if device.type == "cpu" and config.torch_dtype == torch.float32:
+            from workers.device.layers.cpu_kernels import kernel, use_cpu_kernels
+            from workers.device.models.cpu_layers import CpuLayers
+
+            self.cpu_kernel = kernel()
+            if self.cpu_kernel is not None:
+                # The compiled pieces run torch's linear: they need the float32 weights.
+                free = not config.compilation.enabled
+                self.packed_bytes = use_cpu_kernels(self.model, self.cpu_kernel, free_float32=free)
+                # Eager steps run the layers as direct kernel calls, without the modules'
+                # per-call Python (workers/device/models/cpu_layers.py).
+                self.model.cpu_layers = CpuLayers.from_model(self.model, self.cpu_kernel)
+            if self.packed_bytes:
+                from workers.device.layers.cpu_kernels import on_amx_tiles
+
+                tiles = on_amx_tiles(self.model)
+                log.info(
+                    "bfloat16 weights: the linear layers read packed bfloat16 copies "
+                    "(%+.0f MiB of host memory), %s",
+                    self.packed_bytes / 2**20,
+                    "on the AMX tiles (float32-accurate)" if tiles else "with FMA kernels",
+                )
+        from workers.device.compile import compile_model
+
+        # Start-up seconds the compiled forward cost; None: it runs eagerly.
+        self.compile_s = compile_model(self.model, config.compilation, device, tp.size, progress)
+
+    def param_bytes(self) -> int:
+        """The weights' bytes in memory: the parameters (a freed float32 weight is a meta
+        tensor and counts nothing) and the packed bfloat16 copies."""
+        tensors = {id(p): p for p in self.model.parameters() if not p.is_meta}
+        for module in self.model.modules():
+            packed = getattr(module, "packed_weight", None)
+            if packed is not None:
+                tensors[id(packed)] = packed
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def available_kv_blocks(self) -> int:
+        per_block = kv_bytes_per_block(self.config, self.tp)
+        budget = self.config.cache.kv_cache_memory_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * self.config.cache.gpu_memory_utilization)
+            else:
+                budget = _CPU_DEFAULT_KV_BYTES
+        return max(0, budget // per_block)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        m = self.config.model
+        shape = (num_blocks, self.block_size, m.kv_heads_per_rank(self.tp.size), m.head_dim)
+        # Zeroed, not empty: padded decode rows read unused slots, and garbage NaNs there would
+        # poison the masked softmax (0 * NaN = NaN).
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device),
+            )
+            for _ in range(m.num_layers)
+        ]
+
+    def _apply(self, step: StepInput) -> list[SeqState]:
+        states = self.states
+        for sid in step.removed:
+            states.pop(sid, None)
+        order: list[SeqState] = []
+        for n in step.new:
+            s = SeqState(
+                n.seq_id,
+                len(n.prompt_token_ids),
+                list(n.token_ids),
+                n.params,
+                list(n.block_ids),
+                n.num_computed_tokens,
+                n.num_scheduled,
+            )
+            states[n.seq_id] = s
+            order.append(s)
+        for c in step.cached:
+            s = states[c.seq_id]
+            if c.new_token_ids:
+                s.token_ids.extend(c.new_token_ids)
+            if c.new_block_ids:
+                s.block_ids.extend(c.new_block_ids)
+            s.num_computed_tokens = c.num_computed_tokens
+            s.num_scheduled = c.num_scheduled
+            order.append(s)
+        return order
+
+    def timing(self) -> dict[str, float]:
+        """Cumulative: steps run, seconds inside execute(), seconds inside collectives."""
+        return {
+            "steps": self.steps,
+            "execute_s": self.execute_s,
+            "collective_s": self.tp.stats.seconds,
+            "load_peak_rss_bytes": self.load_peak_rss_bytes,
+            "load_anon_bytes": self.load_anon_bytes,
+            "param_bytes": self.param_bytes(),
+            **({} if self.compile_s is None else {"compile_s": self.compile_s}),
+        }
+
+    def execute(self, step: StepInput) -> StepOutput | None:
+        t0 = time.perf_counter()
+        try:
+            return self._execute(step)
+        finally:
+            self.steps += 1
+            self.execute_s += time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def _execute(self, step: StepInput) -> StepOutput | None:
+        order = self._apply(step)
+        if not order:
+            return StepOutput([], []) if self.is_driver else None
+        inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
+        logits = self.model(
+            inp.input_ids, inp.positions, self.kv_caches, inp.meta, inp.logits_indices
+        )
+        if not self.is_driver:
+            return None
+        rows = inp.sample_states
+        ids = [s.seq_id for s in rows]
+        if not rows:
+            return StepOutput([], [])
+        if all(s.plain_greedy for s in rows):
+            grammar = _grammar_rows(step.grammar, ids)
+            if grammar is not None:  # greedy under a grammar: the argmax of allowed tokens
+                from workers.device.layers.logits_processors import mask_disallowed
+
+                rows_t = torch.tensor(grammar[0], dtype=torch.long, device=logits.device)
+                bits = grammar[1].to(logits.device, non_blocking=True)
+                logits = mask_disallowed(logits.float(), rows_t, bits)
+            return StepOutput(ids, greedy_tokens(logits).tolist())
+        return self._sample(logits, rows, ids, step.grammar)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[SeqState],
+        ids: list[str],
+        grammar: GrammarBitmask | None = None,
+    ) -> StepOutput:
+        from workers.device.layers.sampler import logprobs_to_dicts
+        from workers.device.layers.sampling_batch import SamplingBatch
+
+        batch = SamplingBatch.build(
+            [s.params for s in rows],
+            [s.token_ids[: s.prompt_len] for s in rows],
+            [s.token_ids[s.prompt_len :] for s in rows],
+            device=logits.device,
+            vocab_size=logits.shape[-1],
+            grammar=_grammar_rows(grammar, ids),
+        )
+        out = self.sampler(logits.float(), batch)
+        logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
+        return StepOutput(ids, out.token_ids.tolist(), logprobs)
+
+
+def _grammar_rows(
+    grammar: GrammarBitmask | None, ids: list[str]
+) -> tuple[list[int], torch.Tensor] | None:
+    """The sampled rows that have a grammar, and their bitmask rows in the same order."""
+    if grammar is None:
+        return None
+    where = {sid: i for i, sid in enumerate(grammar.seq_ids)}
+    rows = [r for r, sid in enumerate(ids) if sid in where]
+    if not rows:
+        return None
+    picked = [where[ids[r]] for r in rows]
+    bits = grammar.bits if picked == list(range(len(grammar.seq_ids))) else grammar.bits[picked]
+    return rows, torch.from_numpy(bits)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _anon_rss_bytes() -> int:
+    """Private (anonymous) resident memory: what loading really costs the host; the
+    memory-mapped checkpoint pages it touches are page cache, shared and reclaimable."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -1,0 +1,57 @@
+"""Drives the tensor-parallel ranks: in-process for TP = 1, Ray worker actors for TP >= 1."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from workers.config import EngineConfig
+from workers.core.step import StepInput, StepOutput
+
+
+class Executor(Protocol):
+    num_blocks: int
+
+    def execute(self, step: StepInput) -> StepOutput: ...
+    def timing(self) -> dict[str, float]: ...
+    def check_health(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class InProcessExecutor:
+    """TP = 1 without Ray: the worker lives in the engine's process (offline fast path)."""
+
+    def __init__(self, config: EngineConfig, progress: bool = False) -> None:
+        from workers.device.distributed import SINGLE
+        from workers.device.platform import Platform
+        from workers.device.worker import Worker
+
+        platform = Platform.detect(config.device_type)
+        self.worker = Worker(config, SINGLE, platform.torch_device(0), progress=progress)
+        self.num_blocks = self.worker.available_kv_blocks()
+        self.worker.init_kv_cache(self.num_blocks)
+
+    def execute(self, step: StepInput) -> StepOutput:
+        out = self.worker.execute(step)
+        assert out is not None
+        return out
+
+    def check_health(self) -> None:
+        return None
+
+    def timing(self) -> dict[str, float]:
+        return {**self.worker.timing(), "wall_s": self.worker.execute_s}
+
+    def shutdown(self) -> None:
+        self.worker = None  # type: ignore[assignment]
+
+
+def create_executor(
+    config: EngineConfig, progress: bool = False, use_ray: bool | None = None
+) -> Executor:
+    if use_ray is None:
+        use_ray = config.parallel.tensor_parallel_size > 1
+    if not use_ray:
+        return InProcessExecutor(config, progress=progress)
+    from workers.executor.base.ray_executor import RayExecutor
+
+    return RayExecutor(config)

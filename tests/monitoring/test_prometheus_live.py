@@ -1,16 +1,13 @@
 """Real Prometheus against a real local kvray cluster.
 
-One start-up for the module: on the session's Ray instance (a free metrics export port, a 1 s
-export interval: tests/conftest.py), the kvray Serve application with two engine replicas of
-the demo model, and Debian's `prometheus` running the shipped config and rules (scrape and
-evaluation intervals cut to 2 s, the target pointed at the export port). A short load goes
-through the OpenAI API with the official client; then Prometheus' HTTP API must show:
-
-- every metric name the rules and the dashboard reference, and every recording rule with a
-  number; every dashboard query returning data; every rule evaluating without error;
-- token counters equal to the API's usage sums, TTFT histogram count equal to the number of
-  requests served; KV usage, running and waiting back to 0 after the load;
-- `promtool check metrics` accepting the kvray families of a real scrape.
+One start-up for the module: the session's Ray (tests/conftest.py: a free metrics export port,
+a 1 s export interval), the kvray app with two demo-model replicas, and Debian's `prometheus`
+running the shipped config and rules (intervals cut to 2 s). After a short load through the
+official OpenAI client, Prometheus' HTTP API must show: every metric name the rules and the
+dashboard reference; every recording rule with a number, every dashboard query with data,
+every rule evaluating without error; token counters and the TTFT count equal to the API's usage, and KV
+usage, running and waiting back to 0 after the load; `promtool check metrics` accepting the
+kvray families of a real scrape.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ a 1 s export interval), the kvray app with two demo-model replicas, and Debian's
 running the shipped config and rules (intervals cut to 2 s). After a short load through the
 official OpenAI client, Prometheus' HTTP API must show: every metric name the rules and the
 dashboard reference; every recording rule with a number, every dashboard query with data,
-every rule evaluating without error; token counters and the TTFT count equal to the API's usage, and KV
-usage, running and waiting back to 0 after the load; `promtool check metrics` accepting the
-kvray families of a real scrape.
+every rule evaluating without error; token counters and the TTFT count equal to the API's
+usage, and KV usage, running and waiting back to 0 after the load; `promtool check metrics`
+accepting the kvray families of a real scrape.
 """
 
 from __future__ import annotations

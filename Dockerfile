@@ -35,6 +35,12 @@ RUN pip install --no-cache-dir . "ray[serve]==${RAY_VERSION}" "torch==${TORCH_VE
     && python -c "import cluster.app, workers, kvray.v1.llm_pb2_grpc" \
     && kvray --help > /dev/null
 
+# The CPU kernels compiled now, not on a CPU replica's first request: the library lands in the
+# user's cache (~/.cache/kvray/kernels), keyed by the sources, the compiler and the CPU's
+# flags, so a node whose CPU differs from the build machine's still builds its own at start.
+# Prints the state the engine will log ("CPU kernels: on (AVX-512)", or "off: <reason>").
+RUN python -m workers.device.layers.cpu_kernels
+
 # Ray's images run as the unprivileged user `ray`; KubeRay starts `ray start` in this image.
 USER ray
 WORKDIR /home/ray

@@ -73,7 +73,7 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     gpu = uses_gpu(config)
     # One bundle per TP rank, packed on one node; the replica actor itself sits in bundle 0.
     # TP = 1 runs the rank in the replica process, which then holds the GPU; TP > 1 runs every
-    # rank as a Ray actor in its bundle (workers/executor/base/ray_executor.py), so the replica
+    # rank as a Ray actor in its bundle (workers/executor/ray_executor.py), so the replica
     # takes none.
     # Bundle 0 holds the replica actor and its `num_cpus_per_replica` CPUs (its torch threads
     # follow them); every other rank's actor takes one CPU.

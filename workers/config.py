@@ -244,6 +244,8 @@ class EngineArgs:
     compile: bool | None = None  # compiled forward pass; None: where it was measured to win
     # Steps of fewer tokens run eagerly when compiled; None: the device's measured default.
     compile_min_tokens: int | None = None
+    # The CPU C kernels (workers/device/layers/cpu_kernels) where they apply; False: torch's ops.
+    cpu_kernels: bool = True
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -302,6 +304,7 @@ class EngineArgs:
             compilation=CompilationConfig.resolve(
                 self.compile, platform.device_type, self.max_num_seqs, self.compile_min_tokens
             ),
+            cpu_kernels=bool(self.cpu_kernels),
         )
 
 
@@ -354,6 +357,7 @@ class EngineConfig:
     served_model_name: str = "model"
     structured: StructuredConfig = StructuredConfig()
     compilation: CompilationConfig = CompilationConfig()
+    cpu_kernels: bool = True  # EngineArgs.cpu_kernels
 
     @property
     def torch_dtype(self):  # noqa: ANN201

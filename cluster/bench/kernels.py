@@ -1,4 +1,4 @@
-"""`kvray bench kernels`: the CPU kernels (workers/device/layers/cpu_kernels.py) against the torch
+"""`kvray bench kernels`: the CPU kernels (workers/device/layers/cpu_kernels/) against the torch
 ops they replace, per step size, side by side in one process.
 
 For each row count (the tokens of a decode step: one per sequence) it times, with random
@@ -309,7 +309,7 @@ def _small_ops(lib: Any, s: Any, rows: int, repeats: int) -> tuple[float, ...]:
     import torch
 
     from workers.config import RopeConfig
-    from workers.device.layers.cpu_kernels import silu_and_mul_cpu
+    from workers.device.layers.cpu_kernels import register, silu_and_mul_cpu
     from workers.device.layers.norm import RMSNorm
     from workers.device.layers.rotary import RotaryEmbedding
 
@@ -324,7 +324,7 @@ def _small_ops(lib: Any, s: Any, rows: int, repeats: int) -> tuple[float, ...]:
 
     def layer_ops(use_kernels: bool) -> None:  # one layer's worth, as llama.py runs them
         for module in (norm, head_norm, rope):
-            module.cpu_kernels = lib if use_kernels else None
+            module.cpu_kernels = register(lib) if use_kernels else None
         for _ in range(s.layers):
             norm(x)
             q = head_norm(qkv[:, :q_size].view(rows, s.heads, s.head_dim))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from workers.outputs import RequestOutput
 
 ENGINE_TAG_KEYS = ("model", "replica")
+ENGINE_INFO_TAG_KEYS = (*ENGINE_TAG_KEYS, "cpu_kernels")
 
 # Time to first token: a cached short prompt answers in milliseconds, a long prompt behind a
 # full queue can take minutes.
@@ -98,6 +99,14 @@ class EngineMetrics:
             "kvray_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0-1)."
         )
         self._kv_blocks = gauge("kvray_kv_cache_blocks", "KV-cache capacity in blocks.")
+        # Info-style: 1 for the replica's engine, what it runs in the labels.
+        self._info = Gauge(
+            "kvray_engine_info",
+            "1 per engine replica; labels: what it runs (cpu_kernels: on (AMX|AVX-512|AVX2) "
+            "or off: <reason>).",
+            tag_keys=ENGINE_INFO_TAG_KEYS,
+        ).set_default_tags(tags)
+        self._info_tags: dict[str, str] | None = None
 
         self._preemptions = counter("kvray_num_preemptions_total", "Requests preempted.")
         self._prefix_queries = counter(
@@ -181,6 +190,7 @@ class EngineMetrics:
         self._waiting.set(int(stats.num_requests_waiting))
         self._kv_usage.set(float(stats.kv_cache_usage))
         self._kv_blocks.set(int(stats.kv_blocks_total))
+        self._observe_info(stats)
         self._advance(self._preemptions, "num_preemptions", int(stats.num_preemptions))
         self._advance(self._prefix_queries, "prefix_cache_queries", int(stats.prefix_cache_queries))
         self._advance(self._prefix_hits, "prefix_cache_hits", int(stats.prefix_cache_hits))
@@ -190,6 +200,17 @@ class EngineMetrics:
         for seconds in new_compile_seconds(stats, seen):
             self._grammar_compile.observe(seconds)
         self._last_cumulative["grammar_compiles"] = int(stats.grammar_compiles)
+
+    def _observe_info(self, stats: EngineStats) -> None:
+        """`kvray_engine_info` = 1 with the engine's labels; a rebuilt engine that runs
+        otherwise moves the 1 to its new labels (the old series drops to 0)."""
+        tags = {"cpu_kernels": stats.cpu_kernels or "unknown"}
+        if tags == self._info_tags:
+            return
+        if self._info_tags is not None:
+            self._info.set(0, tags=self._info_tags)
+        self._info.set(1, tags=tags)
+        self._info_tags = tags
 
     def _advance(self, counter: Any, key: str, cumulative: int) -> None:
         last = self._last_cumulative.get(key, 0)

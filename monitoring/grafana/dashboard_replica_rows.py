@@ -74,7 +74,20 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 "Total KV-cache blocks per replica, set by --kv-cache-memory and the model's "
                 "shape.",
                 (Target(f"max by (replica) (ray_kvray_kv_cache_blocks{{{MR}}})", "{{replica}}"),),
-                width=24,
+                width=12,
+                height=6,
+            ),
+            Panel(
+                "CPU kernels",
+                "What each replica's engine runs: its CPU kernels on (AMX, AVX-512 or AVX2) or "
+                "off and why (kvray_engine_info's cpu_kernels label).",
+                (
+                    Target(
+                        f"max by (replica, cpu_kernels) (ray_kvray_engine_info{{{MR}}})",
+                        "{{replica}}: {{cpu_kernels}}",
+                    ),
+                ),
+                width=12,
                 height=6,
             ),
         ),

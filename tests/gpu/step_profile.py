@@ -79,7 +79,7 @@ def measure(model_dir: Path, compile: bool) -> dict[str, float]:
             row[f"decode B={b} ms/step"] = _decode_ms(llm, b)
         prefill = min(_timed(llm, _prompts(16, 512, 7 + i), 1) for i in range(2))
         row["prefill 8192 tok ms/step"] = prefill / 4 * 1e3
-        compiled = llm.engine.executor.worker.model.compiled
+        compiled = llm.engine.executor.worker.forward.compiled
         if compiled is not None and compiled.graphs is not None:
             row["graph replays"] = compiled.graphs.replays
     return row

@@ -39,7 +39,7 @@ def test_cuda_greedy_matches_transformers(
         compile_min_tokens=min_tokens,
         kv_cache_memory_bytes=1 << 30,
     )
-    compiled = llm.engine.executor.worker.model.compiled
+    compiled = llm.engine.executor.worker.forward.compiled
     if compile:  # decode-only steps replay CUDA graphs, one set per capture size
         assert compiled is not None and compiled.graphs is not None and compiled.graphs.sets
     else:

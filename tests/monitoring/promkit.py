@@ -28,6 +28,7 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_num_requests_waiting": "gauge",
     "kvray_kv_cache_usage_ratio": "gauge",
     "kvray_kv_cache_blocks": "gauge",
+    "kvray_engine_info": "gauge",
     "kvray_num_preemptions_total": "counter",
     "kvray_prompt_tokens_total": "counter",
     "kvray_generation_tokens_total": "counter",

@@ -21,7 +21,7 @@ def cpu_flags() -> set[str]:
 def avx2_build() -> ctypes.CDLL:
     """The kernels built with -march=haswell (AVX2 and FMA, 32-byte vectors), or a skip where
     this CPU cannot run them or nothing can be built."""
-    from workers.device.layers.cpu_kernels import build
+    from workers.device.layers.cpu_kernels.build import build
 
     if not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2 and FMA")

@@ -107,7 +107,7 @@ def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(
     # the bytes): the tokens must stay transformers' float32 tokens. Long prompts make
     # prefill steps of more rows than BF16_MAX_ROWS.
     if build == "avx2":
-        import workers.device.layers.cpu_kernels as cpu_kernels
+        from workers.device.layers.cpu_kernels import build as cpu_kernels
 
         lib = avx2_build()
         monkeypatch.setattr(cpu_kernels, "kernel", lambda: lib)

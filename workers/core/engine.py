@@ -58,6 +58,8 @@ class LLMEngine:
                 self.executor.shutdown()  # ours: no ranks or memory left behind
             raise
         self.config = config
+        # What the workers run, fixed at their start (the CPU kernels' state, for stats()).
+        self.worker_info: dict[str, str] = self.executor.info()
         self.block_manager = BlockManager(
             self.executor.num_blocks,
             config.cache.block_size,
@@ -379,6 +381,7 @@ class LLMEngine:
             grammar_compiles=g.compiles,
             grammar_compile_seconds=g.compile_seconds,
             recent_grammar_compile_seconds=g.recent_compile_seconds,
+            cpu_kernels=self.worker_info.get("cpu_kernels", ""),
         )
 
     def pop_step_token_counts(self) -> list[int]:

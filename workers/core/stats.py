@@ -35,6 +35,10 @@ class EngineStats:
     # being compile number `grammar_compiles`: a reader that remembers the count it saw
     # takes the new ones, for a histogram, without stats() having to be popped.
     recent_grammar_compile_seconds: tuple[float, ...] = ()
+    # The CPU kernels' state, fixed at the worker's start: "on (AMX)", "on (AVX-512)",
+    # "on (AVX2)" or "off: <reason>" (workers/device/layers/cpu_kernels/build.py KernelState);
+    # "" where unknown (stats not from an engine yet).
+    cpu_kernels: str = ""
 
 
 RECENT_COMPILES = 256

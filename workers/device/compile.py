@@ -2,7 +2,7 @@
 CUDA graphs of decode-only batches.
 
 Piecewise, as vLLM does: the paged attention stays eager (its metadata is per-step Python
-data, and on CPU it calls a ctypes kernel), and each decoder layer's two pieces around it
+data), and each decoder layer's two pieces around it
 are compiled with inductor:
 - pre-attention: input RMSNorm, q/k/v projection, q/k RMSNorm, rotary;
 - post-attention: o projection + residual, post-attention RMSNorm, SiLU-and-mul MLP + residual.
@@ -73,7 +73,10 @@ class CompiledForward:
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: Any,
+        eager: Any = None,
     ) -> torch.Tensor:
+        """`eager`: what runs the steps the compiled pieces do not (the model's
+        `hidden_states` by default; the worker passes its own: workers/device/forward.py)."""
         if self.graphs is not None and not meta.prefills:
             out = self.graphs.run(model, input_ids, positions, kv_caches, meta)
             if out is not None:
@@ -81,7 +84,7 @@ class CompiledForward:
         if self.config.graphs_only or input_ids.shape[0] < self.config.min_tokens:
             # No graph for this step on CUDA, or a small CPU step: the compiled pieces' per-call
             # cost exceeds their gain (CompilationConfig).
-            return model.hidden_states(input_ids, positions, kv_caches, meta)
+            return (eager or model.hidden_states)(input_ids, positions, kv_caches, meta)
         x = model.embed_tokens(input_ids)
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             q, k, v = self.pre(layer, positions, x)
@@ -192,9 +195,10 @@ def compile_model(
     device: torch.device,
     tp_size: int,
     progress: bool = False,
-) -> float | None:
-    """Compiles `model`'s forward when the config asks for it; returns the start-up seconds it
-    cost, or None when the model runs eagerly (not asked, TP > 1, or compiling failed)."""
+) -> CompiledForward | None:
+    """Compiles `model`'s forward when the config asks for it: the compiled pieces (their
+    start-up seconds in `compile_s`), or None when the model runs eagerly (not asked, TP > 1,
+    or compiling failed)."""
     if not config.enabled:
         return None
     if tp_size > 1:
@@ -208,9 +212,8 @@ def compile_model(
     except Exception:  # noqa: BLE001 - no compiler, unsupported op: eager still serves
         log.exception("compiling the forward pass failed; running it eagerly")
         return None
-    model.compiled = fwd
     log.info("compiled the forward pass in %.1f s", seconds)
-    return seconds
+    return fwd
 
 
 def _progress(items: Any, desc: str, enabled: bool) -> Any:

@@ -49,8 +49,8 @@ class ModelInput:
 def prepare_inputs(
     states: list[SeqState], block_size: int, device: torch.device, cpu_kernel: object = None
 ) -> ModelInput:
-    """`cpu_kernel`: the loaded CPU kernel library (workers/device/layers/cpu_kernels.py), or None
-    for the torch path."""
+    """`cpu_kernel`: the loaded CPU kernel library (workers/device/layers/cpu_kernels/), or
+    None for the torch path."""
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
     kernel_prefills: list[SeqState] = []

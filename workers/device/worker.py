@@ -16,6 +16,7 @@ import torch
 from workers.config import EngineConfig
 from workers.core.step import GrammarBitmask, StepInput, StepOutput
 from workers.device.distributed import TPGroup
+from workers.device.forward import ForwardStrategy, ModelForward
 from workers.device.layers.sampler import greedy_tokens
 from workers.device.loader import load_weights
 from workers.device.model_runner import SeqState, prepare_inputs
@@ -69,37 +70,13 @@ class Worker:
         from workers.device.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
-        # On CPU in float32, decode attention, few-row linears, norms, rotary and SiLU-and-mul
-        # run small C kernels (workers/device/layers/cpu_kernels.py); elsewhere the torch paths.
-        self.cpu_kernel = None
-        # Host bytes the bfloat16 copies of exactly-bfloat16 weights added (negative: freed).
-        self.packed_bytes = 0
-        if device.type == "cpu" and config.torch_dtype == torch.float32:
-            from workers.device.layers.cpu_kernels import kernel, use_cpu_kernels
-            from workers.device.models.cpu_layers import CpuLayers
-
-            self.cpu_kernel = kernel()
-            if self.cpu_kernel is not None:
-                # The compiled pieces run torch's linear: they need the float32 weights.
-                free = not config.compilation.enabled
-                self.packed_bytes = use_cpu_kernels(self.model, self.cpu_kernel, free_float32=free)
-                # Eager steps run the layers as direct kernel calls, without the modules'
-                # per-call Python (workers/device/models/cpu_layers.py).
-                self.model.cpu_layers = CpuLayers.from_model(self.model, self.cpu_kernel)
-            if self.packed_bytes:
-                from workers.device.layers.cpu_kernels import on_amx_tiles
-
-                tiles = on_amx_tiles(self.model)
-                log.info(
-                    "bfloat16 weights: the linear layers read packed bfloat16 copies "
-                    "(%+.0f MiB of host memory), %s",
-                    self.packed_bytes / 2**20,
-                    "on the AMX tiles (float32-accurate)" if tiles else "with FMA kernels",
-                )
-        from workers.device.compile import compile_model
-
+        self.forward, self.packed_bytes = _build_forward(
+            self.model, config, device, tp.size, progress
+        )
+        # The library the attention metadata hands the kernels (None: torch's paths).
+        self.cpu_kernel = self.forward.strategy.kernels.lib
         # Start-up seconds the compiled forward cost; None: it runs eagerly.
-        self.compile_s = compile_model(self.model, config.compilation, device, tp.size, progress)
+        self.compile_s = None if self.forward.compiled is None else self.forward.compiled.compile_s
 
     def param_bytes(self) -> int:
         """The weights' bytes in memory: the parameters (a freed float32 weight is a meta
@@ -175,6 +152,12 @@ class Worker:
             **({} if self.compile_s is None else {"compile_s": self.compile_s}),
         }
 
+    def info(self) -> dict[str, str]:
+        """What this rank runs, fixed at its start: the CPU kernels' state (`KernelState`,
+        e.g. "on (AMX)" or "off: CUDA device") and the forward path."""
+        strategy = self.forward.strategy
+        return {"cpu_kernels": str(strategy.kernels), "forward": strategy.path}
+
     def execute(self, step: StepInput) -> StepOutput | None:
         t0 = time.perf_counter()
         try:
@@ -189,7 +172,7 @@ class Worker:
         if not order:
             return StepOutput([], []) if self.is_driver else None
         inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
-        logits = self.model(
+        logits = self.forward(
             inp.input_ids, inp.positions, self.kv_caches, inp.meta, inp.logits_indices
         )
         if not self.is_driver:
@@ -230,6 +213,42 @@ class Worker:
         out = self.sampler(logits.float(), batch)
         logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
         return StepOutput(ids, out.token_ids.tolist(), logprobs)
+
+
+def _build_forward(
+    model: torch.nn.Module, config: EngineConfig, device: torch.device, tp_size: int, progress: bool
+) -> tuple[ModelForward, int]:
+    """The worker's forward (workers/device/forward.py), its strategy chosen here once, and
+    the host bytes the packed bfloat16 weight copies added (negative: freed)."""
+    strategy = ForwardStrategy.choose(
+        device, config.torch_dtype, config.compilation, config.cpu_kernels, tp_size
+    )
+    log.info("CPU kernels: %s", strategy.kernels)
+    packed_bytes, direct = 0, None
+    if strategy.kernels.on:
+        from workers.device.layers.cpu_kernels import on_amx_tiles, use_cpu_kernels
+        from workers.device.models.cpu_layers import CpuLayers
+
+        lib = strategy.kernels.lib
+        # The layers run the kernels as `kvray::` ops, eager and compiled alike; linears with
+        # exactly-bfloat16 weights read packed copies (their float32 weights freed).
+        packed_bytes = use_cpu_kernels(model, lib)
+        # Eager steps run the layers as direct kernel calls, without the modules'
+        # per-call Python (workers/device/models/cpu_layers.py).
+        direct = CpuLayers.from_model(model, lib)
+        if packed_bytes:
+            log.info(
+                "bfloat16 weights: the linear layers read packed bfloat16 copies "
+                "(%+.0f MiB of host memory), %s",
+                packed_bytes / 2**20,
+                "on the AMX tiles (float32-accurate)"
+                if on_amx_tiles(model)
+                else "with FMA kernels",
+            )
+    from workers.device.compile import compile_model
+
+    compiled = compile_model(model, config.compilation, device, tp_size, progress)
+    return ModelForward(model, strategy, compiled, direct), packed_bytes
 
 
 def _grammar_rows(

@@ -13,6 +13,7 @@ class Executor(Protocol):
 
     def execute(self, step: StepInput) -> StepOutput: ...
     def timing(self) -> dict[str, float]: ...
+    def info(self) -> dict[str, str]: ...
     def check_health(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -41,6 +42,10 @@ class InProcessExecutor:
     def timing(self) -> dict[str, float]:
         return {**self.worker.timing(), "wall_s": self.worker.execute_s}
 
+    def info(self) -> dict[str, str]:
+        """What the worker runs, fixed at its start (`Worker.info`: the CPU kernels' state)."""
+        return self.worker.info()
+
     def shutdown(self) -> None:
         self.worker = None  # type: ignore[assignment]
 
@@ -52,6 +57,6 @@ def create_executor(
         use_ray = config.parallel.tensor_parallel_size > 1
     if not use_ray:
         return InProcessExecutor(config, progress=progress)
-    from workers.executor.base.ray_executor import RayExecutor
+    from workers.executor.ray_executor import RayExecutor
 
     return RayExecutor(config)

@@ -77,6 +77,9 @@ class RankWorker:
     def timing(self) -> dict[str, float]:
         return self.worker.timing()
 
+    def info(self) -> dict[str, str]:
+        return self.worker.info()
+
     def ping(self) -> int:
         return self.rank
 
@@ -135,6 +138,8 @@ class RayExecutor:
             self._get(
                 [a.init_kv_cache.remote(self.num_blocks) for a in self.actors], "start-up", startup
             )
+            # Fixed at the ranks' start: asked once (rank 0 speaks for the group).
+            self._info = self._get([self.actors[0].info.remote()], "start-up", startup)[0]
         except BaseException:
             self.shutdown()
             raise
@@ -191,6 +196,10 @@ class RayExecutor:
         wall - execute is what the actor calls add per step."""
         rank0 = self._get([self.actors[0].timing.remote()], "timing")[0]
         return {**rank0, "wall_s": self.wall_s}
+
+    def info(self) -> dict[str, str]:
+        """Rank 0's `Worker.info` (the CPU kernels' state), read at start-up."""
+        return self._info
 
     def param_bytes(self) -> list[int]:
         return self._get([a.param_bytes.remote() for a in self.actors], "param_bytes")

@@ -1,9 +1,6 @@
-"""cluster.replica.metrics through the real path: a Ray actor records, Ray's metrics agent exports.
-
-The session's Ray instance (tests/conftest.py) has a free metrics export port and a 1 s export
-interval. Each test records into an EngineMetrics / RouterMetrics living in a Ray actor (as in
-an LLMServer replica or an ingress), then scrapes the export port until the values show up.
-Engine objects fed in are the real workers.core.stats / workers.outputs dataclasses.
+"""cluster.replica.metrics and cluster.routing.metrics through the real path: a Ray actor
+records (as an LLMServer replica or an ingress does), Ray's metrics agent exports (a free port,
+1 s interval), each test scrapes until the values show up. Real engine dataclasses are fed in.
 """
 
 from __future__ import annotations

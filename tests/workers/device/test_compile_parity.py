@@ -89,7 +89,7 @@ def test_by_default_only_large_cpu_steps_run_compiled(demo_dir) -> None:
         str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=256, compile=True
     )
     assert _compiled(llm)
-    compiled = llm.engine.executor.worker.model.compiled
+    compiled = llm.engine.executor.worker.forward.compiled
     assert compiled.config.min_tokens == CPU_COMPILED_MIN_TOKENS
     steps: list[int] = []
     pre = compiled.pre
@@ -106,29 +106,29 @@ def test_by_default_only_large_cpu_steps_run_compiled(demo_dir) -> None:
     assert steps == [256] * len(llm.engine.executor.worker.model.layers)
 
 
-def test_compiled_bfloat16_checkpoint_keeps_the_float32_weights(tmp_path) -> None:
-    # The compiled pieces run torch's linear on the float32 weights; the eager small steps
-    # read the packed bfloat16 copies (workers/device/layers/cpu_kernels.py use_cpu_kernels).
+def test_compiled_bfloat16_checkpoint_reads_only_the_packed_copies(tmp_path) -> None:
+    # The compiled pieces call the kernels as custom ops (`kvray::linear` routes each step by
+    # its rows), as the eager steps do: one copy of each weight, the packed bfloat16 one
+    # (workers/device/layers/cpu_kernels/apply.py use_cpu_kernels).
     from tests.checkpoints import make_checkpoint
-    from workers.device.layers.cpu_kernels import tiled_kernels
 
     path = make_checkpoint("qwen3", tmp_path / "qwen3", dtype="bfloat16")
     llm = LLM(str(path), kv_cache_memory_bytes=16 << 20, compile=True)
     assert _compiled(llm)
-    model = llm.engine.executor.worker.model
+    worker = llm.engine.executor.worker
+    model = worker.model
     qkv = model.layers[0].self_attn.qkv_proj
-    lib = llm.engine.executor.worker.cpu_kernel
-    if lib is not None and tiled_kernels(lib):  # the bfloat16 kernel's builds
-        assert qkv.packed_weight is not None
-    assert not qkv.weight.is_meta
+    if worker.cpu_kernel is not None:  # kernels on (32-byte vectors or wider)
+        assert qkv.packed_weight is not None and qkv.weight.is_meta
     compiled_steps: list[int] = []
-    pre = model.compiled.pre
+    compiled = worker.forward.compiled
+    pre = compiled.pre
 
     def counting_pre(layer, positions, x):  # noqa: ANN001, ANN202
         compiled_steps.append(x.shape[0])
         return pre(layer, positions, x)
 
-    model.compiled.pre = counting_pre
+    compiled.pre = counting_pre
     rng = random.Random(4)
     prompts = [[rng.randrange(3, llm.engine.vocab_size) for _ in range(n)] for n in LENGTHS]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)

@@ -9,9 +9,8 @@ the step's tokens are first written into the block pool through `slot_mapping`; 
   fresh K/V directly (no gather).
 This is the torch-native path that runs on CPU and CUDA; a fused CUDA kernel can replace
 `PagedAttention.forward` behind the same metadata. On CPU in float32 the C kernel
-(workers/device/layers/cpu_kernels.py) reads K/V in place instead: for the decodes, a row each, and
-for
-every prefill chunk, which the batch lays out right after the decodes (`meta.prefills` is
+(workers/device/layers/cpu_kernels/) reads K/V in place instead: for the decodes, a row each,
+and for every prefill chunk, which the batch lays out right after the decodes (`meta.prefills` is
 empty there): a chunk over a short context as rows of the decode kernel, a row per query
 token; the others through the prefill kernel (csrc/paged_prefill_attention.c), where blocks
 of query tokens share each K/V read.

@@ -56,7 +56,7 @@ class ParallelLMHead(nn.Module):
             self.weight = nn.Parameter(
                 torch.zeros(per_rank, hidden, dtype=dtype), requires_grad=False
             )
-        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+        self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
         self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ Weights are filled by `workers.device.loader`, which hands each layer only its o
 
 On CPU in float32, `linear` sends steps of a few rows (a decode step of a few sequences) to
 C kernels where the BLAS runs far below the memory bandwidth
-(`workers.device.layers.cpu_kernels.use_cpu_kernels` turns them on): weights that are exactly
+(`workers.device.layers.cpu_kernels.use_cpu_kernels` turns them on, the `kvray::linear`
+op routes each step: workers/device/layers/cpu_kernels/routing.py): weights that are exactly
 bfloat16 (a bfloat16 checkpoint) to csrc/bf16_linear.c, which streams half the bytes (and
 serves every step once the float32 copy is freed; AVX2 or AVX-512 builds), or on CPUs with
 AMX to csrc/amx_linear.c (`pack_bf16_weight` chose the layout, `bf16_linear` follows it);
@@ -16,63 +17,29 @@ other float32 weights to the skinny GEMM, csrc/skinny_gemm.c (AVX-512 builds).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import nn
 
 from workers.device.distributed import TPGroup
-from workers.device.layers.cpu_kernels import amx_packed, bf16_linear, skinny_linear
+from workers.device.layers.cpu_kernels import kernel_linear
+from workers.device.layers.cpu_kernels.routing import BF16_MAX_ROWS, SKINNY_ROWS, kernel_route
 
-# Rows (tokens) for which the skinny kernel beat torch's linear, measured per token count
-# with the demo model's and the 100M checkpoint's weight shapes (README, "CPU kernels"):
-# 1.0-1.2x and 1.2-2.0x from 4 to 24 rows; even (0.94-1.05x) at 1-2 rows; behind the BLAS
-# from 32 rows (demo) or 48 (100M) up.
-SKINNY_ROWS = range(4, 25)
-# Rows up to which the bfloat16-weight kernel is used: against torch's linear on the float32
-# weights it measured 2-4x from 1 to 16 rows, ~2x at 32, 1.2-1.5x at 64-192 and 1.06-1.18x at
-# 256 with the 100M and 0.6B checkpoints' shapes; 0.98x at 384 (README, "bfloat16 weights
-# on CPU"; `kvray bench kernels`).
-BF16_MAX_ROWS = 256
-
-
-def kernel_route(
-    rows: int, weight: torch.Tensor, packed_weight: torch.Tensor | None
-) -> Literal["bf16", "skinny"] | None:
-    """Which CPU GEMM kernel serves a linear layer's step of `rows` rows: the bfloat16-weight
-    one, the skinny one, or None (torch's linear). `linear` and the direct layer calls
-    (workers/device/models/cpu_layers.py) both route by it."""
-    # A meta `weight`: the float32 copy was freed and the packed one serves every step. On
-    # AMX the packed copy beat torch's linear at every step size (1.7-3.7x, README).
-    if packed_weight is not None and (
-        rows <= BF16_MAX_ROWS or weight.is_meta or amx_packed(packed_weight)
-    ):
-        return "bf16"
-    if rows in SKINNY_ROWS:
-        return "skinny"
-    return None
+__all__ = ["BF16_MAX_ROWS", "SKINNY_ROWS", "kernel_route", "linear"]
 
 
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    cpu_kernels: object,
+    cpu_kernels: int | None,
     packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`nn.functional.linear`, through a CPU kernel where one is faster; `packed_weight` is
-    `weight` packed in bfloat16 (`cpu_kernels.pack_bf16_weight`) when it is exactly that."""
-    if (
-        cpu_kernels is not None
-        # First: the compiled pieces keep torch's op, and their token count is symbolic.
-        and not torch.compiler.is_compiling()
-        and x.dim() == 2
-    ):
-        route = kernel_route(x.shape[0], weight, packed_weight)
-        if route == "bf16":
-            return bf16_linear(cpu_kernels, x, packed_weight, weight.shape[0], bias)
-        if route == "skinny":
-            return skinny_linear(cpu_kernels, x, weight, bias)
+    """`nn.functional.linear`, through a CPU kernel where one is faster (the `kvray::linear`
+    op routes each step by its rows, eager or compiled: `kernel_route`); `cpu_kernels` is the
+    kernel library's handle, `packed_weight` `weight` packed in bfloat16
+    (`cpu_kernels.pack_bf16_weight`) when it is exactly that."""
+    if cpu_kernels is not None and x.dim() == 2:
+        return kernel_linear(cpu_kernels, x, weight, bias, packed_weight)
     return nn.functional.linear(x, weight, bias)
 
 
@@ -90,7 +57,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = (
             nn.Parameter(torch.zeros(out, dtype=dtype), requires_grad=False) if bias else None
         )
-        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+        self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
         self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
 
     def part_offset(self, index: int) -> int:
@@ -121,7 +88,7 @@ class RowParallelLinear(nn.Module):
             if bias
             else None
         )
-        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+        self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
         self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """RMSNorm computed in float32 and cast back, matching the reference implementation bit for bit
 (on CPU in float32 one C kernel call, equal up to float rounding:
-workers/device/layers/cpu_kernels.py)."""
+workers/device/layers/cpu_kernels/)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
-        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+        self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Not while compiling: inductor fuses the torch ops itself.
-        if self.cpu_kernels is not None and not torch.compiler.is_compiling():
+        if self.cpu_kernels is not None:
             return rms_norm_cpu(self.cpu_kernels, x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()

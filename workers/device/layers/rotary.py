@@ -41,15 +41,14 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
         self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
-        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+        self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KH, D], positions: [T]. The CPU kernel rotates q and k in
         place (they are fresh per step: the norms' outputs or views of the qkv projection)."""
-        # Not while compiling: inductor fuses the torch ops itself.
-        if self.cpu_kernels is not None and not torch.compiler.is_compiling():
+        if self.cpu_kernels is not None:
             return rotary_cpu(self.cpu_kernels, positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)

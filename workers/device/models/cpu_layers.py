@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from workers.device.layers.attention import AttentionMetadata
-from workers.device.layers.cpu_kernels import amx_packed, check_gemm
+from workers.device.layers.cpu_kernels import amx_packed, check_gemm, register
 from workers.device.layers.linear import kernel_route
 
 
@@ -110,11 +110,12 @@ class CpuLayers:
         narrower than AVX2)."""
         if lib is None:
             return None
+        handle = register(lib)
         for layer in model.layers:
             for module in layer.modules():
                 if hasattr(module, "packed_weight"):
                     continue
-                if hasattr(module, "cpu_kernels") and module.cpu_kernels is not lib:
+                if hasattr(module, "cpu_kernels") and module.cpu_kernels != handle:
                     return None
         return CpuLayers(model, lib)
 

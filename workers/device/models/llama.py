@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -65,12 +63,11 @@ class MLP(nn.Module):
             c.hidden_size, [self.inter, self.inter], False, tp, dtype
         )
         self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
-        self.cpu_kernels: object = None  # set by workers.device.layers.cpu_kernels.use_cpu_kernels
+        self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        # Not while compiling: inductor fuses the torch ops itself.
-        if self.cpu_kernels is not None and not torch.compiler.is_compiling():
+        if self.cpu_kernels is not None:
             return self.down_proj(silu_and_mul_cpu(self.cpu_kernels, gate_up))
         gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -116,12 +113,6 @@ class LlamaForCausalLM(nn.Module):
             tp,
             dtype,
         )
-        # Set by workers.device.compile.compile_model: the compiled pieces (None: eager).
-        self.compiled: Any = None
-        # Set by the worker on CPU with the C kernels: workers.device.models.cpu_layers.CpuLayers,
-        # the
-        # layers as direct kernel calls (None: the modules).
-        self.cpu_layers: Any = None
 
     def forward(
         self,
@@ -131,13 +122,15 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
-        """Returns logits [len(logits_indices), vocab] for the selected flattened positions."""
-        if self.compiled is not None:
-            x = self.compiled.hidden_states(self, input_ids, positions, kv_caches, meta)
-        else:
-            x = self.hidden_states(input_ids, positions, kv_caches, meta)
-        x = self.norm(x[logits_indices])
-        return self.lm_head(x)
+        """Returns logits [len(logits_indices), vocab] for the selected flattened positions:
+        the eager modules (the worker's forward strategy, workers/device/forward.py, may run
+        the compiled pieces or the direct kernel calls instead, then `logits`)."""
+        x = self.hidden_states(input_ids, positions, kv_caches, meta)
+        return self.logits(x, logits_indices)
+
+    def logits(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The final norm and LM head of the selected rows of the last layer's output."""
+        return self.lm_head(self.norm(x[logits_indices]))
 
     def hidden_states(
         self,
@@ -148,8 +141,6 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """The eager path: [T, hidden] after the last layer, before the final norm."""
         x = self.embed_tokens(input_ids)
-        if self.cpu_layers is not None and meta.num_kernel_rows == x.shape[0]:
-            return self.cpu_layers.run(x, positions, kv_caches, meta)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(positions, x, cache, meta)
         return x

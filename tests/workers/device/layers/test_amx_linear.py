@@ -98,13 +98,13 @@ def test_amx_packing_lays_out_the_tiles_tdpbf16ps_takes():
 
 
 def test_use_cpu_kernels_packs_for_amx_where_it_runs(amx_lib):
-    from tests.workers.device.layers.test_cpu_kernels import _toy_model
+    from tests.workers.device.layers.cpu_kernels.helpers import toy_model
 
-    model = _toy_model(bf16=True)
+    model = toy_model(bf16=True)
     proj_w, head_w = model.proj.weight.clone(), model.head.weight.clone()
     x = torch.randn(300, 32)
 
-    use_cpu_kernels(model, amx_lib, free_float32=True)
+    use_cpu_kernels(model, amx_lib)
 
     assert amx_packed(model.proj.packed_weight) and amx_packed(model.head.packed_weight)
     assert on_amx_tiles(model)
@@ -114,13 +114,13 @@ def test_use_cpu_kernels_packs_for_amx_where_it_runs(amx_lib):
 
 def test_builds_without_amx_say_so_and_refuse():
     """An AVX2 build has no AMX whatever the CPU: the engine packs for bf16_linear.c."""
-    from tests.workers.device.layers.test_cpu_kernels import _toy_model
+    from tests.workers.device.layers.cpu_kernels.helpers import toy_model
 
     lib = avx2_build()
     assert not amx(lib)
     assert lib.amx_linear(None, None, None, None, 1, 32, 32, 1) == -2
-    model = _toy_model(bf16=True)
-    use_cpu_kernels(model, lib, free_float32=True)
+    model = toy_model(bf16=True)
+    use_cpu_kernels(model, lib)
     assert model.proj.packed_weight is not None and not on_amx_tiles(model)
 
 

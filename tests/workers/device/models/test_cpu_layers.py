@@ -3,6 +3,7 @@ in for: the same hidden states, bit for bit, on every step of a mixed workload."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -36,14 +37,13 @@ def _recorded_run(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Every step's hidden states (after the last layer) while `llm` serves `prompts`."""
     model = _model(llm)
     steps: list[torch.Tensor] = []
-    inner = model.hidden_states
+    inner = model.logits
 
-    def hidden_states(*args: Any) -> torch.Tensor:
-        out = inner(*args)
-        steps.append(out.clone())
-        return out
+    def logits(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        steps.append(x.clone())
+        return inner(x, indices)
 
-    model.hidden_states = hidden_states
+    model.logits = logits
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
     return steps
@@ -69,9 +69,10 @@ def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path, one_
     # 48-token steps: prompts are chunked, and later chunks attend over the earlier ones.
     kwargs = dict(kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=48, max_num_seqs=8)
     direct, modules = LLM(str(path), **kwargs), LLM(str(path), **kwargs)
-    runner = _model(direct).cpu_layers
+    runner = direct.engine.executor.worker.forward.direct
     assert isinstance(runner, CpuLayers)
-    _model(modules).cpu_layers = None
+    worker = modules.engine.executor.worker
+    worker.forward = dataclasses.replace(worker.forward, direct=None)  # the modules' path
     calls = 0
     inner_run = runner.run
 
@@ -83,10 +84,9 @@ def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path, one_
     runner.run = run
     prompts = _prompts(direct.engine.vocab_size)
     ours, theirs = _recorded_run(direct, prompts), _recorded_run(modules, prompts)
-    # Every step, where the prefill kernel takes the chunks; on builds it has no tiles for
-    # (narrower than AVX2) the chunks take SDPA, and their steps the modules.
-    tiled = tiled_kernels(runner.lib)
-    assert len(ours) > 10 and (calls == len(ours) if tiled else 0 < calls < len(ours))
+    # Every step: the prefill kernel takes the chunks.
+    assert tiled_kernels(runner.lib)  # kernels on: a build with 32-byte vectors or wider
+    assert len(ours) > 10 and calls == len(ours)
     assert len(ours) == len(theirs)
     for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         assert torch.equal(a, b), f"step {step}: {a.shape} differs by {(a - b).abs().max()}"
@@ -95,8 +95,9 @@ def test_same_hidden_states_as_the_modules(kind: str, dtype: str, tmp_path, one_
 def test_only_when_every_module_runs_through_the_kernels(checkpoints) -> None:
     llm = LLM(str(checkpoints["qwen3"]), kv_cache_memory_bytes=8 << 20)
     model = _model(llm)
-    lib = model.layers[0].input_layernorm.cpu_kernels
-    assert lib is not None and CpuLayers.from_model(model, lib) is not None
+    lib = llm.engine.executor.worker.cpu_kernel
+    assert lib is not None and model.layers[0].input_layernorm.cpu_kernels is not None
+    assert CpuLayers.from_model(model, lib) is not None
     assert CpuLayers.from_model(model, None) is None
     # A linear layer may keep torch's linear (float32 weights on a build without AVX-512).
     model.layers[-1].mlp.down_proj.cpu_kernels = None

@@ -1,0 +1,90 @@
+"""How a worker runs its model's forward pass, chosen once at its start.
+
+`ForwardStrategy.choose` decides from the device, the dtype, the kernels' availability and
+the compile config; `ModelForward` holds what the strategy needs (the compiled pieces, the
+direct layer calls) and is what the worker calls each step. Paths:
+- torch: the modules on torch's ops (CUDA, dtypes other than float32, kernels off);
+- kernels: on CPU in float32 the modules run the C kernels as `kvray::` ops; eager steps
+  whose every token is a kernel row run the layers as direct kernel calls instead
+  (workers/device/models/cpu_layers.py), which give the same hidden states bit for bit;
+- compiled (either of the above): the pieces around attention compiled
+  (workers/device/compile.py) for the steps the compile config sends there, the kernels
+  traced as custom ops; the other steps run eagerly as above.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workers.compile_config import CompilationConfig
+from workers.device.layers.cpu_kernels import KernelState, kernel_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ForwardStrategy:
+    kernels: KernelState  # on (with the library) or off, and why
+    compiled: bool  # the compile config asks for the compiled pieces (and TP allows them)
+
+    @staticmethod
+    def choose(
+        device: torch.device,
+        dtype: torch.dtype,
+        compilation: CompilationConfig,
+        kernels_enabled: bool = True,
+        tp_size: int = 1,
+    ) -> ForwardStrategy:
+        kernels = kernel_state(device.type, dtype == torch.float32, kernels_enabled)
+        return ForwardStrategy(kernels, compilation.enabled and tp_size == 1)
+
+    @property
+    def path(self) -> str:
+        """ "torch" or "kernels", with "+compiled" when the compiled pieces serve some steps."""
+        base = "kernels" if self.kernels.on else "torch"
+        return f"{base}+compiled" if self.compiled else base
+
+
+@dataclass(frozen=True)
+class ModelForward:
+    """A step's forward: `forward(input_ids, positions, kv_caches, meta, logits_indices)`
+    returns the logits of the selected positions."""
+
+    model: Any
+    strategy: ForwardStrategy
+    compiled: Any = None  # workers.device.compile.CompiledForward, or None: eager
+    direct: Any = None  # workers.device.models.cpu_layers.CpuLayers, or None: the modules
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: Any,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.compiled is not None:
+            x = self.compiled.hidden_states(
+                self.model, input_ids, positions, kv_caches, meta, eager=self.eager_hidden_states
+            )
+        else:
+            x = self.eager_hidden_states(input_ids, positions, kv_caches, meta)
+        return self.model.logits(x, logits_indices)
+
+    def eager_hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: Any,
+    ) -> torch.Tensor:
+        """[T, hidden] after the last layer: through the direct kernel calls where every
+        token of the step is a kernel row, else through the modules."""
+        if self.direct is not None and meta.num_kernel_rows == input_ids.shape[0]:
+            x = self.model.embed_tokens(input_ids)
+            return self.direct.run(x, positions, kv_caches, meta)
+        return self.model.hidden_states(input_ids, positions, kv_caches, meta)

@@ -12,7 +12,9 @@ Requests are streaming completions with token-id prompts, ignore_eos and max_tok
 backend does exactly the same work. Arrivals are Poisson at --request-rate (inf: all at once),
 capped at --max-concurrency in flight. Reported per run: TTFT, TPOT, ITL and E2E latency
 (mean, median, p99), request and token throughput, and the prefix-cache hit rate (cached
-prompt tokens from each response's usage / prompt tokens).
+prompt tokens from each response's usage / prompt tokens). Each backend's prompts start with
+a token of its own (serve_salt.py): backends measured one after another on one server each
+start with none of their prompts in its prefix cache, and do the same work.
 
 --launch starts a local Ray instance and deploys the kvray app itself (once per router in
 --request-router); `inprocess` runs first, before Ray starts, so the two never share the CPU.
@@ -55,6 +57,7 @@ from cluster.bench.launch import (
     with_server_defaults,
 )
 from cluster.bench.serve_report import compare, format_report, summarize, summary_line
+from cluster.bench.serve_salt import salt_workload
 from cluster.bench.serve_workload import build_workload
 from cluster.config import ROUTERS, ServeConfig
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
@@ -152,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
     if args.launch:
         # As `kvray serve` runs it; before anything imports ray.serve in this process.
         apply_serve_env()
-    summaries = asyncio.run(_run_all(args, backends, routers, model_dir, workloads, warmup))
+    summaries = asyncio.run(
+        _run_all(args, backends, routers, model_dir, workloads, warmup, token_ids)
+    )
     comparisons = compare(summaries)
     print()
     print(format_report(summaries, comparisons))
@@ -246,6 +251,7 @@ async def _run_all(
     model_dir: Path,
     workloads: Sequence[Workload],
     warmup: Workload,
+    token_ids: Sequence[int],
 ) -> list[dict[str, Any]]:
     engine_kwargs: dict[str, Any] = {"max_num_seqs": args.max_num_seqs}
     if args.kv_cache_memory:
@@ -262,11 +268,11 @@ async def _run_all(
             inprocess = await open_warm("inprocess", base, args, warmup)
             stack.push_async_callback(inprocess.close)
         if not remote:
-            return await _rounds(args, workloads, inprocess, [])
+            return await _rounds(args, workloads, token_ids, inprocess, [])
         if not args.launch:
             ctx = await with_server_defaults(base)
             opened = await _open_all(stack, remote, ctx, args, warmup, lambda n: n)
-            return await _rounds(args, workloads, inprocess, opened)
+            return await _rounds(args, workloads, token_ids, inprocess, opened)
         summaries = []
         cluster = stack.enter_context(LocalCluster(args, _max_queued(workloads, warmup)))
         for router in routers:
@@ -280,7 +286,9 @@ async def _run_all(
                     warmup,
                     lambda n, r=router: f"{n}[{r}]" if len(routers) > 1 else n,
                 )
-                summaries += await _rounds(args, workloads, inprocess, opened, group=router)
+                summaries += await _rounds(
+                    args, workloads, token_ids, inprocess, opened, group=router
+                )
             await asyncio.to_thread(cluster.undeploy)
         return summaries
 
@@ -308,22 +316,26 @@ async def _open_all(
 async def _rounds(
     args: argparse.Namespace,
     workloads: Sequence[Workload],
+    token_ids: Sequence[int],
     inprocess: Any,
     opened: Sequence[tuple[str, Any]],
     group: str = "",
 ) -> list[dict[str, Any]]:
     """Every backend once per round, in the same order each round; `group` tells comparisons
-    which in-process run a remote one is measured against (one per launched router)."""
+    which in-process run a remote one is measured against (one per launched router). Each
+    backend gets the round's workload salted with its own first token (salt_workload): the
+    remote ones share a server, and a backend measured after another must not find its
+    prompts in the prefix cache the other filled."""
     both = ([("inprocess", inprocess)] if inprocess is not None else []) + list(opened)
     if args.workload == "json-schema":
         from cluster.bench.serve_structured import structured_rounds
 
-        token_ids = sampleable_token_ids(args.model or _demo_dir())
         return await structured_rounds(args, workloads, both, token_ids, measure, group)
     summaries = []
     for r, workload in enumerate(workloads):
-        for label, backend in both:
-            summary = await measure(label, backend, args, workload, r)
+        for slot, (label, backend) in enumerate(both):
+            salted = salt_workload(workload, slot, token_ids)
+            summary = await measure(label, backend, args, salted, r)
             summary["group"] = group
             summaries.append(summary)
     return summaries

@@ -30,6 +30,7 @@ from typing import Any
 
 from cluster.bench.backend_types import Backend, RequestRecord
 from cluster.bench.common import BenchRequest, Workload
+from cluster.bench.serve_salt import salt_workload
 from cluster.bench.throughput_structured import MAX_TOKENS, SCHEMAS
 
 WORKLOAD = "json-schema"
@@ -83,14 +84,20 @@ class LengthRecorder:
 
 
 def unconstrained_twin(
-    workload: Workload, lengths: dict[tuple[int, ...], int], token_ids: Sequence[int]
+    workload: Workload,
+    lengths: dict[tuple[int, ...], int],
+    token_ids: Sequence[int],
+    first_token: int | None = None,
 ) -> Workload:
     """The same requests, free text, each as long as its constrained twin's output (the cap
-    where that failed). The first prompt token is swapped for another id, so the twin shares
-    no prefix-cache block with the constrained run."""
+    where that failed). The first prompt token is swapped for another id (`first_token`, where
+    given and not the prompt's own), so the twin shares no prefix-cache block with the
+    constrained run."""
     requests = []
     for r in workload.requests:
-        other = token_ids[0] if r.prompt_ids[0] != token_ids[0] else token_ids[1]
+        other = first_token if first_token is not None else token_ids[0]
+        if other == r.prompt_ids[0]:
+            other = token_ids[0] if r.prompt_ids[0] != token_ids[0] else token_ids[1]
         requests.append(
             BenchRequest((other,) + r.prompt_ids[1:], lengths.get(r.prompt_ids, r.output_len))
         )
@@ -120,16 +127,20 @@ async def structured_rounds(
     measure: Measure,
     group: str = "",
 ) -> list[dict[str, Any]]:
-    """Every backend once per round: constrained, then its unconstrained twin."""
+    """Every backend once per round: constrained, then its unconstrained twin. Backend i's
+    constrained prompts start with token_ids[2i], its twin's with token_ids[2i + 1]: no run
+    finds its prompts in the prefix cache another backend's run filled on the same server."""
     warm = grammar_warmup(token_ids, getattr(args, "num_replicas", 1) or 1, args.seed)
     for _, backend in backends:
         await asyncio.gather(*(backend.send(req) for req in warm.requests))
     summaries = []
     for r, workload in enumerate(workloads):
-        for label, backend in backends:
+        for i, (label, backend) in enumerate(backends):
             recorder = LengthRecorder(backend)
-            c = await measure(f"{label} {CONSTRAINED}", recorder, args, workload, r)
-            twin = unconstrained_twin(workload, recorder.lengths, token_ids)
+            salted = salt_workload(workload, 2 * i, token_ids)
+            c = await measure(f"{label} {CONSTRAINED}", recorder, args, salted, r)
+            first = token_ids[(2 * i + 1) % len(token_ids)]
+            twin = unconstrained_twin(salted, recorder.lengths, token_ids, first)
             u = await measure(f"{label} {UNCONSTRAINED}", backend, args, twin, r)
             c["finished_by_grammar"] = sum(n < MAX_TOKENS for n in recorder.lengths.values())
             for s, kind in ((c, CONSTRAINED), (u, UNCONSTRAINED)):

@@ -95,11 +95,11 @@ async def _router_cpu_us(
 ) -> dict[str, float]:
     from ray.serve.request_router import PendingRequest
 
+    from cluster import ray_internals
     from cluster.messages import GenerateRequest
     from cluster.replica.kv_publish import KvPublisher
     from cluster.routing.kv_router import KvEventsRouter, prompt_block_hashes
     from cluster.routing.router import PrefixAffinityRouter
-    from cluster import ray_internals
     from workers.core.kv_events import BlockStored
     from workers.inputs import InputChecker
     from workers.sampling_params import SamplingParams

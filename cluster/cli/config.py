@@ -1,8 +1,10 @@
 """`kvray config`: write the Ray Serve config YAML that `serve deploy` (or a RayService) takes.
 
-Same flags as `kvray serve`. The API key itself is never written: the YAML names the env var
-(`api_key_env`) the cluster must set. The metrics port belongs to `ray start
---metrics-export-port`, not to the Serve config; the YAML's header says so.
+Same flags as `kvray serve`, but for those about the process `kvray serve` runs (--address,
+--drain-timeout-s, --log-level: a YAML has no console), which it refuses. The API key itself
+is never written: the YAML names the env var (`api_key_env`) the cluster must set. The
+metrics port belongs to `ray start --metrics-export-port`, not to the Serve config; the
+YAML's header says so.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 With no flags: a local Ray instance, the built-in demo model, HTTP on 127.0.0.1:8000 (OpenAI
 API), gRPC on 127.0.0.1:9000, Ray metrics on :8080.
 
+The console shows kvray's progress, the URLs, and warnings and errors; Ray's and Serve's INFO
+lines go to their log files, whose directory it prints (--log-level, cluster/cli/console.py).
+
 Start-up checks every port a local instance will bind (HTTP, gRPC, metrics, HAProxy's and
 Serve's fallback proxy's) first: a taken one is a one-line error naming it and its holder,
 exit 1; Serve's HAProxy left behind by a killed Ray instance is stopped (cluster/cli/ports.py).
@@ -26,6 +29,15 @@ import time
 from types import FrameType
 
 from cluster.cli.config import APP_NAME, http_options
+from cluster.cli.console import (
+    LOG_LEVEL_HELP,
+    LOG_LEVELS,
+    ConsoleLogging,
+    console_logging,
+    filter_forwarded_logs,
+    quiet_serve_driver_logger,
+    ray_logs_dir,
+)
 from cluster.cli.flags import add_serve_flags, api_key_from, config_from_flags
 from cluster.cli.ports import (
     Listener,
@@ -56,12 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on Ctrl-C/SIGTERM, how long in-flight requests get to finish before the "
         "replicas are stopped (default %(default)s)",
     )
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help=LOG_LEVEL_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
+    levels = console_logging(args.log_level)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=max(levels.kvray, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("kvray").setLevel(levels.kvray)
     try:
         config = config_from_flags(args)
     except ValueError as err:
@@ -89,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         _shutdown(args.address, drain_timeout_s=0.0)
         return 1
     stop = _install_signal_handlers()
-    print(banner(config, args, api_key is not None), flush=True)
+    print(banner(config, args, api_key is not None, ray_logs_dir()), flush=True)
     while not stop.wait(1.0):
         pass
     logger.info(
@@ -130,6 +146,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
     from cluster.app import build_app
     from cluster.liveness import run_liveness_app
 
+    levels = console_logging(args.log_level)
     runtime_env = {}
     if api_key:
         # Local Ray workers inherit the driver's environment; a joined cluster gets the key
@@ -143,7 +160,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
             " ".join(f"{k}={v}" for k, v in SERVE_ENV.items()),
         )
         ray.init(
-            address=args.address, runtime_env=runtime_env or None, logging_level=logging.WARNING
+            address=args.address, runtime_env=runtime_env or None, logging_level=levels.ray_driver
         )
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
     else:
@@ -160,15 +177,16 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
             num_cpus=cpus,
             include_dashboard=False,
             runtime_env=runtime_env or None,
-            logging_level=logging.WARNING,
+            logging_level=levels.ray_driver,
             _metrics_export_port=args.metrics_port,
         )
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
-        if config.model is None:
-            from workers.demo import demo_model_dir
+    _quiet_ray(levels, joined=bool(args.address))
+    if not args.address and config.model is None:
+        from workers.demo import demo_model_dir
 
-            logger.info("preparing the built-in demo model")
-            logger.info("demo model at %s", demo_model_dir())
+        logger.info("preparing the built-in demo model")
+        logger.info("demo model at %s", demo_model_dir())
     from cluster.grpc_api.ingress import grpc_options
 
     logger.info(
@@ -193,7 +211,19 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
     logger.info("application ready in %.1f s", time.monotonic() - t0)
 
 
-def banner(config: ServeConfig, args: argparse.Namespace, auth: bool) -> str:
+def _quiet_ray(levels: ConsoleLogging, joined: bool) -> None:
+    """Ray's and Serve's lines below the console's level go to their log files only."""
+    logs_dir = ray_logs_dir()
+    where = " (on each node of the cluster)" if joined else ""
+    logger.info("Ray and Serve logs: %s%s; --log-level debug shows them here", logs_dir, where)
+    if not filter_forwarded_logs(levels.forwarded):
+        logger.warning("could not filter Ray's forwarded logs: all of them show here")
+    quiet_serve_driver_logger(levels, logs_dir)
+
+
+def banner(
+    config: ServeConfig, args: argparse.Namespace, auth: bool, logs_dir: str | None = None
+) -> str:
     host = args.host
     base = f"{'https' if config.tls else 'http'}://{host}:{args.port}"
     auth_header = f' -H "Authorization: Bearer ${config.api_key_env}"' if auth else ""
@@ -207,6 +237,10 @@ def banner(config: ServeConfig, args: argparse.Namespace, auth: bool) -> str:
         "(kvray.v1.LLMService, grpc.health.v1)",
         f"  metrics    : http://{host}:{args.metrics_port}/metrics",
         f"  auth       : {'Bearer key required' if auth else 'off'}",
+    ]
+    if logs_dir:
+        lines.append(f"  logs       : {logs_dir}   (Ray's and Serve's; --log-level debug: here)")
+    lines += [
         "  try:",
         f"    curl {base}/v1/completions -H 'Content-Type: application/json'{auth_header} \\",
         f"      -d '{body}'",

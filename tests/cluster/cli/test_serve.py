@@ -2,7 +2,7 @@
 serving with an API key, and stopping cleanly on SIGTERM or on Ctrl-C while it deploys; on
 its own Ray instance: a taken port is a one-line error, SIGTERM drains an in-flight stream and
 leaves no process behind, and a start after Ray's processes were killed (HAProxy left over)
-works."""
+works, its console showing kvray's lines and no INFO line of Ray's or Serve's."""
 
 from __future__ import annotations
 
@@ -354,7 +354,24 @@ def test_after_rays_processes_are_killed_the_next_serve_starts_and_drains_on_sig
         assert len(third.stderr.strip().splitlines()) == 1, third.stderr
         assert haproxy_dirs  # it runs behind HAProxy
         _sigterm_drains_an_in_flight_stream(second, ports)
+    _assert_quiet_console(second.text, ports)
     _assert_all_gone(procs, haproxy_dirs)
+
+
+def _assert_quiet_console(text: str, ports: ServePorts) -> None:
+    """The default --log-level: kvray's own lines, the URLs and warnings on the console; Ray's
+    and Serve's INFO lines (forwarded ones prefixed "(ServeController pid=N)" and the like, or
+    this process's Serve logger's) only in the logs directory it names."""
+    import re
+
+    for line in text.splitlines():  # INFO only in kvray's own lines: "DATE TIME INFO kvray..."
+        assert "INFO" not in line or line.split(" ", 3)[2:4][:1] == ["INFO"], line
+        assert "INFO" not in line or line.split(" ", 3)[3].startswith("kvray."), line
+    assert f"http://127.0.0.1:{ports.http}/v1" in text and "metrics    : http://" in text
+    logs = re.search(r"Ray and Serve logs: (\S+);", text)
+    assert logs, text
+    controller = "".join(p.read_text() for p in Path(logs[1], "serve").glob("controller_*.log"))
+    assert "INFO" in controller and "Deploying new version" in controller
 
 
 def _own_lines(text: str) -> str:

@@ -134,7 +134,8 @@ def cpu_threads_env(config: ServeConfig, gpu: bool, environ: Mapping[str, str]) 
     """The OpenMP wait settings of the environment that builds the app, for a CPU replica
     computing on several torch threads; empty by default.
 
-    Measured with 2 threads per replica (README, "Threads and OpenMP waiting"): libgomp's
+    Measured with 2 threads per replica (docs/benchmarks.md, "Threads and OpenMP
+    waiting"): libgomp's
     default spin gives 20-25 % more serving throughput than OMP_WAIT_POLICY=PASSIVE on cores
     the replica has to itself, for ~15 % more CPU per token; on a host that other work keeps
     busy, spinning wastes cores that others need, so an operator there sets PASSIVE. Set

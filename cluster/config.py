@@ -34,7 +34,7 @@ LLM_AUTOSCALING_POLICY = "cluster.controller.autoscaling:LLMAutoscalingPolicy"
 # now (the policy's delays, not a long average, keep it from flapping), yet over Serve's
 # deprecated metrics_interval_s (10 s), which it warns about otherwise.
 AUTOSCALING_LOOK_BACK_S = 11.0
-# Ports (DESIGN.md): HTTP is Ray Serve's default, metrics the port KubeRay's Prometheus
+# Ports (docs/contracts.md): HTTP is Ray Serve's default, metrics the port KubeRay's Prometheus
 # examples scrape. The gRPC port's one literal is cluster/grpc_api/ingress.py's.
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 8080

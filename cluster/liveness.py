@@ -3,7 +3,7 @@
 The HTTP ingress answers GET /health in its ASGI guard, before any other work, but what
 precedes the guard on that replica's loop (connection set-up, HTTP parsing, Ray Serve's
 per-request wrapper) is not kvray's to pace: a burst of thousands of requests makes a few
-turns of that loop last seconds, and a probe arriving then waits them out (README,
+turns of that loop last seconds, and a probe arriving then waits them out (docs/benchmarks.md,
 "Overload"). A liveness probe that fails under load makes Kubernetes restart healthy pods
 exactly when they are busiest.
 

@@ -23,7 +23,8 @@ class CompilationConfig:
     min_tokens: int = 0
     # Steps that no CUDA graph serves (prefills, mixed steps) run the eager forward: on an
     # H200 the compiled pieces called directly lost to eager (2,048-token prefill steps
-    # 0.57x, decode steps without graphs 0.3-0.7x), while decode graphs won (README).
+    # 0.57x, decode steps without graphs 0.3-0.7x), while decode graphs won
+    # (docs/benchmarks.md, "On a GPU (H200)").
     graphs_only: bool = False
 
     @staticmethod
@@ -34,8 +35,9 @@ class CompilationConfig:
         min_tokens: int | None = None,
     ) -> CompilationConfig:
         """`compile` None: on only where it was measured to win, which is nowhere yet: off on
-        CPU (README, "Compiled forward pass") and on CUDA, where decode steps replaying graphs
-        won 2.3-5x on an H200 but a whole benchmark run lost (README, "On a GPU").
+        CPU (docs/benchmarks.md, "Compiled forward on CPU") and on CUDA, where decode steps
+        replaying graphs won 2.3-5x on an H200 but a whole benchmark run lost
+        (docs/benchmarks.md, "On a GPU (H200)").
         `min_tokens` None: CPU_COMPILED_MIN_TOKENS on CPU; on CUDA only the graphs run
         compiled (`graphs_only`); a number given on CUDA compiles every step from that size."""
         if compile is not None and not isinstance(compile, bool):

@@ -28,7 +28,8 @@ def capture_sizes(max_num_seqs: int, limit: int = MAX_CAPTURE_SIZE) -> tuple[int
 
 
 # CPU: steps of fewer tokens than this run the eager forward even with --compile. Measured
-# per forward of the pieces (README "Compiled forward pass"), eager / compiled, 2 threads:
+# per forward of the pieces (docs/benchmarks.md, "Compiled forward on CPU"), eager /
+# compiled, 2 threads:
 # with OMP_WAIT_POLICY=PASSIVE (what a host shared with other work wants) every parallel op
 # of the compiled pieces pays a thread wake-up that small steps do not earn back -- demo
 # model 0.62x at 1 token, 0.89x at 96, 1.03x at 128, 1.4-1.5x from 192 up; 100M checkpoint

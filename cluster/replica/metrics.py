@@ -5,7 +5,7 @@ and the router's are in cluster/routing/metrics.py).
 metrics agent serves every process's series on the node's metrics export port (8080 by
 default) with a `ray_` prefix. One scrape per node therefore covers every replica on it,
 which is how KubeRay's Prometheus set-up finds Ray Serve's own metrics too. Names, types and
-labels are DESIGN.md's table; counters are declared with their `_total` suffix, which Ray's
+labels are monitoring/README.md's; counters are declared with their `_total` suffix, which Ray's
 exporter keeps as is (it appends `_total` only to counters that lack it), so
 `kvray_prompt_tokens_total` is scraped as `ray_kvray_prompt_tokens_total`.
 

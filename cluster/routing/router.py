@@ -170,7 +170,7 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         self._metrics.routing(self.routing_decision(pending_request, replica_id))
 
     def routing_decision(self, pending_request: PendingRequest, replica_id: ReplicaID) -> str:
-        """DESIGN.md's label of a routed request: affinity | load | fallback."""
+        """A routed request's `decision` label (monitoring/README.md): affinity|load|fallback."""
         preferred = self._preferred(
             live_replicas(list(self.curr_replicas.values()), pending_request), pending_request
         )

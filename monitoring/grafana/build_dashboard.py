@@ -9,7 +9,8 @@ fails here, not silently in Grafana.
 What the panels show is in dashboard_traffic_rows.py and dashboard_replica_rows.py, built
 from dashboard_panels.py (plain data, so sibling panels share their PromQL); this module turns
 them into SDK panels, adds the variables, lays the rows out on Grafana's grid and writes the
-JSON. Metric names are the ones Ray's metrics exporter produces (DESIGN.md's names with `ray_`).
+JSON. Metric names are the ones Ray's metrics exporter produces (monitoring/README.md's, with
+`ray_`).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def test_build_app_is_a_serve_application_builder() -> None:
 def test_the_operators_openmp_wait_settings_reach_cpu_replicas() -> None:
     """OpenMP's wait settings where the app is built reach a CPU replica's process (its engine
     child and TP ranks inherit them) when it computes on 2+ torch threads; none by default
-    (libgomp's own spin: README, "Threads and OpenMP waiting")."""
+    (libgomp's own spin: docs/benchmarks.md, "Threads and OpenMP waiting")."""
     from cluster.app import cpu_threads_env
     from cluster.config import ServeConfig
 

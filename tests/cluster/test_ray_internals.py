@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 import ray
-from cluster import ray_internals
 from packaging.requirements import Requirement
 from packaging.version import Version
 from ray.serve.config import gRPCOptions
 from ray.serve.request_router import PendingRequest, RequestRouter
 from ray.util.metrics import Counter, Metric
 
+from cluster import ray_internals
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT, grpc_options
 from cluster.routing.router import PrefixAffinityRouter, request_routing_key
 from tests.cluster.routing.routing_kit import generate_request, pending, replicas, router

@@ -21,7 +21,7 @@ RULES_DIR = MONITORING / "prometheus" / "rules"
 DASHBOARD = MONITORING / "grafana" / "kvray-dashboard.json"
 README = MONITORING / "README.md"
 
-# DESIGN.md's metrics table (monitoring/README.md documents it, with labels): name ->
+# The metrics table of monitoring/README.md (which adds the labels): name ->
 # Prometheus type. Ray's exporter adds the `ray_` prefix.
 KVRAY_METRICS: dict[str, str] = {
     "kvray_num_requests_running": "gauge",

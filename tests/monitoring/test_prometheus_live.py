@@ -276,7 +276,7 @@ def test_every_referenced_metric_name_is_scraped(stack: Stack, load: list[Served
     resp = stack.http.get(f"{stack.prom_url}/api/v1/label/__name__/values").json()
     known = set(resp["data"])
     assert referenced - known == set()
-    # ... and every DESIGN.md metric, whether or not a query uses it.
+    # ... and every metric of monitoring/README.md's table, whether or not a query uses it.
     exported = {n[len("ray_") :] for n in known if n.startswith("ray_kvray_")}
     expected = {
         f"{n}_count" if kind == "histogram" else n

@@ -49,7 +49,7 @@ def test_promtool_check_config() -> None:
 
 
 def test_rules_use_only_exported_names() -> None:
-    """Rules read Ray's exporter's names (ray_ + DESIGN.md) or Ray Serve's, nothing else."""
+    """Rules read Ray's exporter's names (ray_ + monitoring/README.md's) or Ray Serve's."""
     known = SERVE_METRICS | {f"ray_{n}" for n in KVRAY_METRICS}
     known |= {f"ray_{n}_{s}" for n in KVRAY_METRICS for s in ("bucket", "count", "sum")}
     used = referenced_metric_names([expr for _, expr in rule_expressions()])

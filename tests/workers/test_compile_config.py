@@ -9,7 +9,7 @@ from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS, capture_sizes
 
 
 def test_compile_switch_defaults_per_device() -> None:
-    # Off on CPU unless asked (it does not win there, README "Compiled forward pass").
+    # Off on CPU unless asked (no win there: docs/benchmarks.md, "Compiled forward on CPU").
     assert CompilationConfig.resolve(None, "cpu", 256) == CompilationConfig()
     cpu = CompilationConfig.resolve(True, "cpu", 256)
     assert cpu.enabled and not cpu.cuda_graphs and cpu.capture_sizes == ()
@@ -26,7 +26,7 @@ def test_compile_switch_defaults_per_device() -> None:
     # Only the decode graphs run compiled on CUDA; an explicit threshold compiles every step.
     assert cuda.graphs_only and not CompilationConfig.resolve(True, "cuda", 64, 0).graphs_only
     assert not CompilationConfig.resolve(True, "cpu", 64).graphs_only
-    # Off by default on CUDA too: a whole benchmark run lost there (README, "On a GPU").
+    # Off by default on CUDA too: a whole run lost there (docs/benchmarks.md, "On a GPU (H200)").
     assert not CompilationConfig.resolve(None, "cuda", 64).enabled
     with pytest.raises(ValueError, match="^compile must be"):
         CompilationConfig.resolve("yes", "cpu", 8)  # type: ignore[arg-type]

@@ -88,7 +88,7 @@ def test_explicit_max_model_len_beyond_the_cache_is_an_error(checkpoints) -> Non
 
 
 def test_issue_case_is_refused_naming_the_capacity_then_a_fitting_one_runs(demo_dir) -> None:
-    # Issue 14's case: 1 MiB of KV is 16 blocks of 16 tokens for the demo model.
+    # The reported case: 1 MiB of KV is 16 blocks of 16 tokens for the demo model.
     llm = LLM(str(demo_dir), kv_cache_memory_bytes=1 << 20)
     assert llm.engine.max_model_len == 256
     prompt = [5 + i % 50 for i in range(100)]

@@ -1,4 +1,4 @@
-"""The compiled forward pass (issue 18): torch.compile of the pieces around attention, plus
+"""The compiled forward pass: torch.compile of the pieces around attention, plus
 CUDA graphs of decode-only batches.
 
 Piecewise, as vLLM does: the paged attention stays eager (its metadata is per-step Python

@@ -61,7 +61,7 @@ def prepare_inputs(
         # token), then the others, whose blocks of query tokens share each K/V read in the
         # prefill kernel (workers/device/layers/attention.py). Over a computed prefix SDPA would
         # need the context gathered and an explicit mask; fresh chunks too measured faster
-        # this way than one SDPA call each (README, "Prefill attention on CPU").
+        # this way than one SDPA call each (docs/benchmarks.md, "Prefill attention on CPU").
         kernel_prefills = sorted(prefills, key=_attends_blockwise)  # stable: rows first
         prefills = []
     bs = block_size
@@ -160,10 +160,11 @@ def prepare_inputs(
 
 # CPU: prefill chunks whose context (cached prefix + chunk) reaches this many tokens attend
 # through the prefill kernel, shorter ones a row per token through the decode kernel. Measured
-# per chunk length, many chunks per call, no prefix, 2 threads (README, "Prefill attention on
-# CPU"): the prefill kernel won from 16 tokens with the demo's heads (1.7x at 64), from 32 with
-# the 100M checkpoint's (1.4x at 64) and from 64 with Qwen3-0.6B's (1.0x at 64, 1.3x at 96);
-# over a cached prefix it wins from a few tokens (2.4x for 8 tokens over 1,024).
+# per chunk length, many chunks per call, no prefix, 2 threads (docs/benchmarks.md,
+# "Prefill attention on CPU"): the prefill kernel won from 16 tokens with the demo's heads
+# (1.7x at 64), from 32 with the 100M checkpoint's (1.4x at 64) and from 64 with Qwen3-0.6B's
+# (1.0x at 64, 1.3x at 96); over a cached prefix it wins from a few tokens (2.4x for 8
+# tokens over 1,024).
 PREFILL_KERNEL_MIN_CONTEXT = 64
 
 

@@ -111,7 +111,7 @@ def test_logprobs_equal_the_http_api(client: KvrayClient, openai_client: Any) ->
     assert [lp for p in streamed for s in p.completions for lp in s.logprobs] == list(c.logprobs)
 
 
-# -- structured outputs and tool calls (issue 16) ---------------------------------------------
+# -- structured outputs and tool calls -----------------------------------------------------------
 
 ITEM = {
     "type": "object",

@@ -359,7 +359,7 @@ def engine_samples(s: Scrape, host: Host) -> dict[str, list[Any]]:
 
 
 def test_exported_names_types_and_labels_are_design_md(exporter: Any) -> None:
-    """Every DESIGN.md metric is scraped as ray_<name> with its type; nothing extra."""
+    """Each metric of monitoring/README.md is scraped as ray_<name> with its type; no other."""
     host, url = exporter
     feed_one_of_everything(host)
     # Ray's agent exports metrics in batches that need not line up with one scrape: wait
@@ -385,7 +385,7 @@ def test_exported_names_types_and_labels_are_design_md(exporter: Any) -> None:
 
 
 def test_the_expected_table_is_the_documented_one() -> None:
-    """monitoring/README.md's metrics table (DESIGN.md's, with labels) is what these tests
+    """monitoring/README.md's metrics table (names, types, labels) is what these tests
     expect, name for name and type for type; the scrape above checks the code against it."""
     assert {name: kind for name, (kind, _) in documented_metrics().items()} == KVRAY_METRICS
 

@@ -13,9 +13,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster import ray_internals
 from ray.serve.request_router import PendingRequest, ReplicaID
 
+from cluster import ray_internals
 from cluster.messages import GenerateRequest
 from cluster.routing.router import PrefixAffinityRouter
 from workers.inputs import InputChecker

@@ -139,7 +139,7 @@ def tiled_kernels(lib: ctypes.CDLL) -> bool:
 def wide_vectors(lib: ctypes.CDLL) -> bool:
     """Whether `lib` was built for 64-byte vectors (AVX-512). Only then does the skinny GEMM
     serve linear layers with float32 weights: with AVX2 it measured 0.85-1.2x torch's linear
-    (README, "CPUs without AVX-512"), which then keeps them."""
+    (docs/benchmarks.md, "CPUs without AVX-512"), which then keeps them."""
     return lib.kvray_vector_bytes() >= 64
 
 

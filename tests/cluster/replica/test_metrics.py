@@ -358,7 +358,7 @@ def engine_samples(s: Scrape, host: Host) -> dict[str, list[Any]]:
     }
 
 
-def test_exported_names_types_and_labels_are_design_md(exporter: Any) -> None:
+def test_exported_names_types_and_labels_are_the_documented_ones(exporter: Any) -> None:
     """Each metric of monitoring/README.md is scraped as ray_<name> with its type; no other."""
     host, url = exporter
     feed_one_of_everything(host)

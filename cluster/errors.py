@@ -1,5 +1,8 @@
 """Errors a request can end with, shared by the HTTP and gRPC ingresses.
 
+The base `KvrayError` and `EngineDeadError` are workers.errors' (the engine raises
+EngineDeadError too, and workers never import cluster), re-exported here with the others.
+
 LLMServer raises these inside its replica; Ray carries them to the ingress, which maps each
 class to one HTTP status / OpenAI error body and one gRPC status code. They pickle by their
 constructor arguments (`__reduce__`) so they survive the trip through Ray, and `unwrap`
@@ -10,49 +13,29 @@ mapping from anything a handle call raises (these, or Ray's own errors) onto the
 from __future__ import annotations
 
 import logging
-from typing import Any
+
+from workers.errors import EngineDeadError, KvrayError
+
+__all__ = [
+    "MIGRATION_CAUSES",
+    "AuthenticationError",
+    "DrainingError",
+    "EngineDeadError",
+    "InvalidRequestError",
+    "KvrayError",
+    "ModelNotFoundError",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "RequestTimeoutError",
+    "as_kvray_error",
+    "invalid_from_value_error",
+    "unwrap",
+]
+# Where these classes are defined: the base and EngineDeadError in workers.errors (the engine
+# raises EngineDeadError itself; workers never import cluster), the others here.
+_OWN_MODULES = frozenset({__name__, KvrayError.__module__})
 
 logger = logging.getLogger("ray.serve.kvray.errors")
-
-
-class KvrayError(Exception):
-    """Base class. Subclasses fix the HTTP status, the OpenAI error type and the gRPC code."""
-
-    http_status = 500
-    openai_type = "internal_error"
-    grpc_code = "INTERNAL"  # name of a grpc.StatusCode member
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__.copy()))
-
-    def to_openai(self) -> dict[str, Any]:
-        """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.openai_type,
-                "param": self.param,
-                "code": self.http_status,
-            }
-        }
-
-    def http_headers(self) -> dict[str, str]:
-        """The response headers this error adds: Retry-After when it says when to retry
-        (429 queue full, 503 queue timeout), so every HTTP layer sends the same."""
-        retry_after = getattr(self, "retry_after_s", None)
-        return {} if retry_after is None else {"Retry-After": str(retry_after)}
-
-
-def _rebuild(cls: type[KvrayError], state: dict[str, Any]) -> KvrayError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, state.get("message", ""))
-    err.__dict__.update(state)
-    return err
 
 
 class InvalidRequestError(KvrayError):
@@ -80,29 +63,6 @@ class QueueFullError(KvrayError):
     def __init__(self, message: str = "server is at capacity", retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-class EngineDeadError(KvrayError):
-    """The replica's engine died; Ray Serve replaces the replica (HTTP 503, gRPC UNAVAILABLE).
-
-    The ingresses migrate a request that fails with it to another replica
-    (cluster/ingress/migration.py): `cause` names what failed (a MIGRATION_CAUSES label) and
-    `replica` the replica it failed on, when known, so the next attempt avoids it.
-    """
-
-    http_status = 503
-    openai_type = "service_unavailable"
-    grpc_code = "UNAVAILABLE"
-
-    def __init__(
-        self,
-        message: str = "engine is not running",
-        cause: str = "engine_died",
-        replica: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.cause = cause
-        self.replica = replica
 
 
 # What made a request move to another replica: the label of kvray_request_migrations_total.
@@ -177,7 +137,7 @@ def unwrap(exc: BaseException) -> BaseException:
     for _ in range(8):  # a short chain; never loop on a cyclic one
         if cur is None:
             break
-        if type(cur).__module__ == __name__:
+        if type(cur).__module__ in _OWN_MODULES:
             return cur
         cause = getattr(cur, "cause", None)  # RayTaskError keeps the original here
         cur = cause if isinstance(cause, BaseException) and cause is not cur else cur.__cause__

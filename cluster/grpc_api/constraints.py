@@ -24,20 +24,9 @@ _MODES = {
 }
 
 
-def constraint(req: llm_pb2.GenerateRequest) -> Constraint | None:
-    """The request's output constraint: the sampling oneof's, or its tool calls'."""
-    found = []
-    own = sampling_constraint(req.sampling)
-    if own is not None:
-        found.append(own)
-    if req.WhichOneof("input") == "chat":
-        use = tool_use(req.chat)
-        if use is not None:
-            found.append(use.constraint("chat.tools"))
-    return structured.only_one([c for c in found if c is not None])
-
-
 def sampling_constraint(sp: llm_pb2.SamplingParams) -> Constraint | None:
+    """The sampling oneof's constraint (the tool calls' is ToolUse.constraint("chat.tools"));
+    cluster/ingress/prepare.py reads both, once each, and allows one."""
     kind = sp.WhichOneof("structured_outputs")
     if kind is None:
         return None

@@ -1,7 +1,8 @@
 """kvray.v1 messages <-> the engine's SamplingParams and RequestOutputs.
 
 Pure functions, no Ray and no server: the gRPC ingress (cluster/grpc_api/servicer.py) is these
-plus transport and the shared ingress checks (cluster/ingress/). Sampling options get the same
+plus transport and the shared ingress preparation (cluster/ingress/prepare.py), which reads a
+GenerateRequest through `GenerateSource`. Sampling options get the same
 defaults as the HTTP API (max_tokens 16 for text and token-id prompts as /v1/completions, unset
 for chat as /v1/chat/completions), so both APIs give the same output for the same request.
 Field values are checked by the engine's SamplingParams, once for both APIs; errors name the
@@ -16,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.errors import InvalidRequestError, ModelNotFoundError
 from cluster.grpc_api import constraints
-from cluster.ingress import checks
+from cluster.ingress import prepare
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
+from cluster.ingress.prepare import PromptInput
 from cluster.ingress.tool_calls import ToolCall, ToolCallParser, finish_reason
 from kvray.v1 import llm_pb2
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 if TYPE_CHECKING:
+    from cluster.ingress.structured import Constraint
     from cluster.ingress.tools import ToolUse
     from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 
@@ -85,14 +88,50 @@ def prompt_input(
     raise InvalidRequestError("input", "set one of the input fields (text, token_ids, chat)")
 
 
+def prompt_of(
+    req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest,
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> PromptInput:
+    """The `input` oneof, checked, as the shared preparation takes it. Errors of the engine's
+    input check name "prompt", which `request_field_path` places at the member set."""
+    kind, value = prompt_input(req, limits)
+    if kind == "chat":
+        return PromptInput("chat", chat=value)  # type: ignore[arg-type]
+    return PromptInput(kind, batch=(value,))  # type: ignore[arg-type]
+
+
+class GenerateSource:
+    """A GenerateRequest as the shared preparation reads it (cluster.ingress.prepare.Source)."""
+
+    tools_field = "chat.tools"
+
+    def __init__(self, req: llm_pb2.GenerateRequest, *, stream: bool) -> None:
+        self.req = req
+        self.stream = stream
+        self.chat = input_kind(req) == "chat"
+
+    def parameters_field(self, index: int) -> str:
+        return f"chat.tools[{index}].parameters_json"
+
+    def prompt_input(self, limits: RequestLimits) -> PromptInput:
+        return prompt_of(self.req, limits)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        return sampling_kwargs(self.req, chat=self.chat)
+
+    def tool_use(self) -> ToolUse | None:
+        return constraints.tool_use(self.req.chat) if self.chat else None
+
+    def own_constraint(self) -> Constraint | None:
+        return constraints.sampling_constraint(self.req.sampling)
+
+
 def sampling_params(
     req: llm_pb2.GenerateRequest, *, stream: bool, limits: RequestLimits = DEFAULT_LIMITS
 ) -> SamplingParams:
     """The engine's SamplingParams for a request (validated, within `limits`; output kind as
-    `stream` needs)."""
-    return checks.sampling_params(
-        sampling_kwargs(req, chat=input_kind(req) == "chat"), stream=stream, limits=limits
-    )
+    `stream` needs; the output constraint, the sampling oneof's or the tool calls')."""
+    return prepare.sampling_params(GenerateSource(req, stream=stream), limits)
 
 
 def chat_messages(
@@ -112,7 +151,8 @@ def chat_messages(
 
 
 def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, Any]:
-    """SamplingParams keyword arguments: the fields the client set, HTTP API defaults else."""
+    """SamplingParams keyword arguments: the fields the client set, HTTP API defaults else;
+    the output constraint aside (GenerateSource)."""
     sp = req.sampling
     params: dict[str, Any] = {
         name: getattr(sp, name) for name in _OPTIONAL_FIELDS if sp.HasField(name)
@@ -128,9 +168,6 @@ def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, An
         params["include_stop_str_in_output"] = True
     if req.HasField("logprobs"):
         params["logprobs"] = req.logprobs.top_logprobs
-    constraint = constraints.constraint(req)
-    if constraint is not None:
-        params["structured_outputs"] = constraint.spec
     return params
 
 

@@ -45,7 +45,7 @@ from cluster.config import ServeConfig
 logger = logging.getLogger("kvray.grpc")
 
 GRPC_INGRESS_NAME = "GrpcIngress"
-# Ray Serve's default `grpc_options.port` (DESIGN.md's port table); the one literal: the CLI
+# Ray Serve's default `grpc_options.port` (docs/contracts.md's port table); the one literal: the CLI
 # flags import it. tests/cluster/test_ray_internals.py checks it against gRPCOptions().
 DEFAULT_GRPC_PORT = 9000
 LLM_SERVICE = "kvray.v1.LLMService"

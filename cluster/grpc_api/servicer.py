@@ -3,8 +3,9 @@
 Every RPC runs in one frame (`_rpc`) that checks the API key, bounds the call by the
 client's deadline, maps errors to status codes and counts the outcome in
 `kvray_router_requests_total{protocol="grpc"}`. Like the HTTP ingress, and with the same
-code (cluster/ingress/), a request is checked here into the engine's own types (prompt
-tokenized, chat through the template, SamplingParams and token ids checked against the served
+code (cluster/ingress/prepare.py, reading the request through convert.GenerateSource), a
+request is checked here into the engine's own types (prompt tokenized, chat through the
+template, SamplingParams, tools and output constraint, token ids checked against the served
 model) and sent to LLMServer as a GenerateRequest through the shared LLMClient, so the
 prefix-affinity router and the engine see identical requests from both APIs, and errors
 have the same status on both (cluster.errors.as_kvray_error).
@@ -32,10 +33,10 @@ from cluster.config import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv
-from cluster.ingress import checks, structured
 from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
+from cluster.ingress.prepare import Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.token_text import TokenStrings
 from cluster.messages import GenerateRequest
@@ -76,7 +77,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
         self._client = LLMClient(llm, max_migrations, metrics)
-        self._prompts = Prompts(tokenizer)
+        self._preparer = Preparer(Prompts(tokenizer), self._client, limits)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
         self._token_text = TokenStrings.of(tokenizer)
         self._served_model = served_model
@@ -120,9 +121,9 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> llm_pb2.TokenizeResponse:
         async def body() -> llm_pb2.TokenizeResponse:
             conv.check_model(request.model, self._served_model)
-            kind, value = conv.prompt_input(request, self._limits)
-            use = constraints.tool_use(request.chat) if kind == "chat" else None
-            ids = await self._tokens(kind, value, use)
+            prompt = conv.prompt_of(request, self._limits)
+            use = constraints.tool_use(request.chat) if prompt.chat is not None else None
+            (ids,) = await self._preparer.token_ids(prompt, use)
             card = await self.model_card()
             return llm_pb2.TokenizeResponse(
                 token_ids=ids, count=len(ids), max_model_len=card["max_model_len"]
@@ -156,18 +157,8 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> tuple[GenerateRequest, conv.ResponseContext]:
         """The checked engine request (errors name the field) and how to answer it."""
         conv.check_model(request.model, self._served_model)
-        kind, value = conv.prompt_input(request, self._limits)
-        params = conv.sampling_params(request, stream=stream, limits=self._limits)
-        # The tools' parameter schemas and the output constraint (its own, or the tool
-        # calls') compile, before routing.
-        use = constraints.tool_use(request.chat) if kind == "chat" else None
-        if use is not None:
-            for c in use.parameter_constraints(lambda i: f"chat.tools[{i}].parameters_json"):
-                await structured.check(c, self._prompts.tokenizer)
-        await structured.check(constraints.constraint(request), self._prompts.tokenizer)
-        ids = await self._tokens(kind, value, use)
-        # "prompt" errors of the check name the input member the client set (see status_for).
-        inp = checks.engine_input(await self._client.input_checker(), ids, params)
+        # "prompt" errors of the input check name the member the client set (see status_for).
+        prepared = await self._preparer.prepare(conv.GenerateSource(request, stream=stream))
         client_id = request.request_id or f"grpc-{uuid.uuid4().hex}"
         # The engine's id is unique even when two clients send the same request_id;
         # responses echo the client's.
@@ -178,19 +169,10 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             model=self._served_model,
             top_logprobs=request.logprobs.top_logprobs if logprobs else 0,
             token_text=self._token_text if logprobs else None,
-            tools=use,
+            tools=prepared.tool_use,
         )
-        return GenerateRequest(engine_id, inp), ctx
-
-    async def _tokens(self, kind: str, value: Any, use: Any = None) -> list[int]:
-        """Token ids of a prompt input, as the HTTP ingress makes them; `use` (a ToolUse)
-        lists a chat's tools in the template."""
-        if kind == "token_ids":
-            return list(value)  # InputChecker checks them against the vocabulary
-        if kind == "chat":
-            tools = use.template_tools() if use is not None else None
-            return await self._prompts.chat(value, field="chat", tools=tools)
-        return await self._prompts.text(value, field="text")
+        (llm_req,) = prepared.requests(engine_id)
+        return llm_req, ctx
 
     async def _rpc(
         self,

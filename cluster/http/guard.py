@@ -12,7 +12,7 @@ any size. This ASGI middleware sits in front of the FastAPI app instead:
    app's share of a turn is a few requests' work. The work is the same, in the same order:
    nothing is slower when the loop has time to spare. What runs before this guard (connection
    set-up, HTTP parsing, Ray Serve's per-request wrapper) is not paced and still makes the
-   first turns of a large burst long (README, "Overload").
+   first turns of a large burst long (docs/benchmarks.md, "Overload").
 1. The API key (cluster/ingress/auth.py) is checked from the headers alone: a bad or missing
    key is a 401 and the body is never read. Every path but the probes (/health, /ready) is
    behind the key, FastAPI's /docs, /redoc and /openapi.json included.

@@ -1,8 +1,9 @@
 """OpenAIIngress: the OpenAI-compatible HTTP API (FastAPI) in front of the LLMServer replicas.
 
-Each request is checked here, once, into the engine's own types (cluster/ingress/: prompts
-tokenized, chat rendered with the template, SamplingParams and token ids checked against
-the served model) before it is routed, so a bad field is a 400 without a Serve hop. It
+Each request is checked here, once, into the engine's own types by the preparation both
+ingresses share (cluster/ingress/prepare.py: prompts tokenized, chat rendered with the
+template, SamplingParams, tools and output constraint checked, token ids checked against the
+served model) before it is routed, so a bad field is a 400 without a Serve hop. It
 reaches an engine replica as a `cluster.messages.GenerateRequest` through the shared
 `cluster.ingress.llm_client.LLMClient`; its RequestOutputs come back and leave as SSE frames
 (cluster/http/streams.py) or one JSON body (cluster/http/format.py). Errors leave as
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -47,14 +47,13 @@ from cluster.http.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from cluster.ingress import checks, structured
+from cluster.ingress import checks
 from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
+from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.token_text import TokenStrings
-from cluster.messages import GenerateRequest
-from workers.sampling_params import SamplingParams
 
 logger = logging.getLogger("ray.serve.kvray.openai")
 
@@ -80,6 +79,7 @@ class OpenAIIngress:
         self.client = LLMClient(llm, config.max_migrations, self.metrics)
         self.auth = ApiKeyAuth.from_env(config.api_key_env)
         self.limits = RequestLimits.from_config(config)
+        self.preparer = Preparer(self.prompts, self.client, self.limits)
         # Set through Serve's user_config when `kvray serve` begins to shut down: /ready is
         # 503 and new generation requests are refused while in-flight ones finish.
         self.draining = False
@@ -109,25 +109,15 @@ class OpenAIIngress:
         if model is not None and model != self.model:
             raise ModelNotFoundError(model)
 
-    async def run(
-        self,
-        fmt: Formatter,
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        include_usage: bool,
-        field: str = "prompt",
-    ) -> Any:
-        """Checks every prompt, starts one engine request per prompt, answers with JSON or
-        an SSE stream (as `params.output_kind` says)."""
+    def check_admitting(self) -> None:
+        """A draining ingress refuses new generation requests before any work on them."""
         if self.draining:
             raise DrainingError()
-        checker = await self.client.input_checker()
-        inputs = [checks.engine_input(checker, ids, params, field) for ids in prompts]
-        many = len(inputs) > 1
-        outs = [
-            self.client.generate(GenerateRequest(f"{fmt.id}-{i}" if many else fmt.id, inp))
-            for i, inp in enumerate(inputs)
-        ]
+
+    async def run(self, fmt: Formatter, prepared: Prepared, include_usage: bool) -> Any:
+        """Starts one engine request per prompt, answers with JSON or an SSE stream (as the
+        SamplingParams' output kind says)."""
+        outs = [self.client.generate(r) for r in prepared.requests(fmt.id)]
         try:
             # The first output of every prompt before answering: errors (400/429/503) become
             # a status code, not a broken stream.
@@ -135,7 +125,7 @@ class OpenAIIngress:
         except BaseException:
             await streams.close_all(outs)
             raise
-        if not checks.is_streamed(params):
+        if not checks.is_streamed(prepared.params):
             try:
                 finals = [await streams.last(s, f) for s, f in zip(outs, firsts, strict=True)]
             finally:
@@ -260,11 +250,8 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest) -> Any:
         ingress.check_model(body.model)
-        params = body.sampling_params(ingress.limits)
-        await structured.check(body.constraint(), ingress.prompts.tokenizer)
-        batch = body.prompts()
-        ingress.limits.check_prompts(len(batch))
-        prompts = await ingress.prompts.batch(batch)
+        ingress.check_admitting()
+        prepared = await ingress.preparer.prepare(body)
         fmt = Formatter(
             "completion",
             f"cmpl-{uuid.uuid4().hex}",
@@ -273,25 +260,15 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             body.logprobs,
             ingress.token_strings,
         )
-        return await ingress.run(fmt, prompts, params, body.include_usage)
+        return await ingress.run(fmt, prepared, body.include_usage)
 
     @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest) -> Any:
         ingress.check_model(body.model)
-        ingress.limits.check_messages(len(body.messages))
-        params = body.sampling_params(ingress.limits)
-        # The tools' parameter schemas and the constraint (response_format,
-        # structured_outputs, or the tool calls') compile.
-        tool_use = body.tool_use()
-        if tool_use is not None:
-            for c in tool_use.parameter_constraints(lambda i: f"tools[{i}].function.parameters"):
-                await structured.check(c, ingress.prompts.tokenizer)
-        await structured.check(body.constraint(), ingress.prompts.tokenizer)
-        ids = await ingress.prompts.chat(
-            body.template_messages(),
-            body.add_generation_prompt,
-            tools=tool_use.template_tools() if tool_use is not None else None,
-        )
+        ingress.check_admitting()
+        # The tools, the output constraint (response_format, structured_outputs, or the tool
+        # calls') and the chat through the template, each read once.
+        prepared = await ingress.preparer.prepare(body)
         top = (body.top_logprobs or 0) if body.logprobs else None
         fmt = Formatter(
             "chat",
@@ -300,10 +277,9 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             body.n,
             top,
             ingress.token_strings,
-            tools=tool_use,
+            tools=prepared.tool_use,
         )
-        # The rendered messages are the prompt: its errors name "messages".
-        return await ingress.run(fmt, [ids], params, body.include_usage, field="messages")
+        return await ingress.run(fmt, prepared, body.include_usage)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:

@@ -7,17 +7,20 @@ sampling fields (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_
 skip_special_tokens, include_stop_str_in_output) are accepted because clients already send them.
 Output constraints (`response_format`, vLLM's `structured_outputs` and `guided_*`) and chat
 tools are read by cluster/ingress/structured.py and cluster/ingress/tools.py, shared with gRPC.
+Each body is a `cluster.ingress.prepare.Source`: the shared preparation reads it, each part
+once, into the engine's inputs.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from cluster.errors import InvalidRequestError
-from cluster.ingress import checks, structured, tools
+from cluster.ingress import prepare, structured, tools
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
+from cluster.ingress.prepare import PromptInput
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 # JSON numbers and booleans only: in pydantic's lax mode `false` passed as 0, "1.5" as 1.5
@@ -36,6 +39,8 @@ class _SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(extra="ignore")
+    # Where a chat holds its tools (what the tool calls' constraint names).
+    tools_field: ClassVar[str] = "tools"
 
     model: str | None = None
     n: Int = 1
@@ -66,16 +71,32 @@ class _SamplingFields(BaseModel):
     guided_grammar: Any = None
 
     def sampling_params(self, limits: RequestLimits = DEFAULT_LIMITS) -> SamplingParams:
-        """The engine's SamplingParams, validated, with the output kind `stream` needs;
-        an unsupported or bad value, or one over `limits`, raises InvalidRequestError naming
-        the field."""
-        return checks.sampling_params(self.sampling_kwargs(), stream=self.stream, limits=limits)
+        """The engine's SamplingParams, validated, with the output kind `stream` needs and
+        the output constraint; an unsupported or bad value, or one over `limits`, raises
+        InvalidRequestError naming the field. (The ingress gets them from `prepare`.)"""
+        return prepare.sampling_params(self, limits)
+
+    def constraint(self) -> structured.Constraint | None:
+        """The output constraint and the field it came from (None: unconstrained)."""
+        return prepare.read_outputs(self).constraint
+
+    # -- cluster.ingress.prepare.Source -------------------------------------------------
+
+    def prompt_input(self, limits: RequestLimits) -> PromptInput:
+        raise NotImplementedError
 
     def sampling_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def constraint(self) -> structured.Constraint | None:
-        """The request's output constraint and the field it came from (None: unconstrained)."""
+    def tool_use(self) -> tools.ToolUse | None:
+        return None
+
+    def parameters_field(self, index: int) -> str:
+        return f"tools[{index}].function.parameters"
+
+    def own_constraint(self) -> structured.Constraint | None:
+        """The request's own output constraint: response_format, structured_outputs or a
+        guided_* field."""
         guided = {name: getattr(self, name) for name in structured.GUIDED_FIELDS}
         return structured.from_openai(self.response_format, self.structured_outputs, guided)
 
@@ -104,9 +125,6 @@ class _SamplingFields(BaseModel):
             "repetition_penalty": self.repetition_penalty,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
-        constraint = self.constraint()
-        if constraint is not None:
-            params["structured_outputs"] = constraint.spec
         return params
 
     @property
@@ -128,6 +146,11 @@ class CompletionRequest(_SamplingFields):
         if isinstance(v, list) and not v:
             raise ValueError("prompt must not be an empty list")
         return v
+
+    def prompt_input(self, limits: RequestLimits) -> PromptInput:
+        batch = self.prompts()
+        limits.check_prompts(len(batch))
+        return PromptInput("prompt", batch=tuple(batch))
 
     def prompts(self) -> list[str | list[int]]:
         """The batch of prompts: one string, one token list, or a list of either."""
@@ -192,16 +215,21 @@ class ChatCompletionRequest(_SamplingFields):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
 
-    def tool_use(self) -> tools.ToolUse | None:
-        """The checked tools and tool_choice (None when the request has no tools)."""
-        return tools.tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+    def prompt_input(self, limits: RequestLimits) -> PromptInput:
+        # The rendered messages are the prompt: the engine's input check names "messages".
+        limits.check_messages(len(self.messages))
+        return PromptInput(
+            "messages",
+            chat=self.template_messages(),
+            add_generation_prompt=self.add_generation_prompt,
+            checked_as="messages",
+        )
 
-    def constraint(self) -> structured.Constraint | None:
-        """The output constraint: the request's own, or the tool calls' of tool_choice
-        "required" / a named function (both at once is an error naming them)."""
-        use = self.tool_use()
-        found = [super().constraint(), use.constraint() if use is not None else None]
-        return structured.only_one([c for c in found if c is not None])
+    def tool_use(self) -> tools.ToolUse | None:
+        """The checked tools and tool_choice (None when the request has no tools); the
+        output constraint is the tool calls' with tool_choice "required" or a named
+        function (`constraint`; with the request's own as well, an error naming both)."""
+        return tools.tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def sampling_kwargs(self) -> dict[str, Any]:
         if self.top_logprobs is not None and not self.logprobs:

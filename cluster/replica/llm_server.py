@@ -166,6 +166,8 @@ class LLMServer:
         except (asyncio.CancelledError, GeneratorExit):
             cancelled = True
             raise
+        except EngineDeadError as err:  # the engine's: `_engine_error` names this replica
+            raise self._engine_error(err) from err
         except KvrayError:
             raise
         except Exception as err:

@@ -130,3 +130,19 @@ def test_the_mapping_passes_kvray_errors_through_ray_wrappers() -> None:
     wrapped = RayTaskError("generate", "Traceback ...", cause).as_instanceof_cause()
     got = as_kvray_error(wrapped)
     assert type(got) is InvalidRequestError and got.param == "top_p"
+
+
+def test_one_engine_dead_error_for_the_engine_and_the_cluster() -> None:
+    # The engine's class is the cluster's: what an engine raises is a 503 that migrates.
+    import workers.errors
+
+    assert EngineDeadError is workers.errors.EngineDeadError
+    assert KvrayError is workers.errors.KvrayError
+    err = workers.errors.EngineDeadError("engine failed: boom")
+    assert isinstance(err, RuntimeError) and (err.cause, err.replica) == ("engine_died", None)
+    assert as_kvray_error(err) is err and err.http_status == 503
+    wrapped = RayTaskError("generate", "Traceback ...", err).as_instanceof_cause()
+    got = unwrap(wrapped)
+    assert type(got) is EngineDeadError and got.message == "engine failed: boom"
+    back = pickle.loads(pickle.dumps(EngineDeadError("gone", cause="replica_died", replica="r1")))
+    assert (back.cause, back.replica, back.message) == ("replica_died", "r1", "gone")

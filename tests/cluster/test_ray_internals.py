@@ -26,7 +26,7 @@ from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT, grpc_options
 from cluster.routing.router import PrefixAffinityRouter, request_routing_key
 from tests.cluster.routing.routing_kit import generate_request, pending, replicas, router
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _params(fn: Any) -> list[tuple[str, Any]]:

@@ -277,7 +277,7 @@ def _child_env() -> dict[str, str]:
     """This environment, with the directory holding `workers` first on the child's path
     (a Ray worker may have found the package through its runtime env, not site-packages)."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # workers/frontend/engine_process.py
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = root if not path else f"{root}{os.pathsep}{path}"
     return env

@@ -16,7 +16,10 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputs:
-    """One output constraint; build it with one of the keyword fields set (vLLM's names)."""
+    """One output constraint; build it with one of the keyword fields set (vLLM's names).
+
+    As vLLM does, `json` takes the schema as an object (a dict, or true) or as its JSON
+    text, and `choice` a list: they are kept as JSON text and a tuple, so the spec hashes."""
 
     json: str | None = None  # a JSON schema, as canonical JSON text (see `from_schema`)
     json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
@@ -25,6 +28,15 @@ class StructuredOutputs:
     grammar: str | None = None  # a grammar in the backend's syntax (Lark / EBNF)
 
     def __post_init__(self) -> None:
+        if self.json is not None and not isinstance(self.json, str):
+            if not isinstance(self.json, (dict, bool)):
+                raise ValueError(
+                    "structured_outputs.json must be a JSON schema (an object, or its JSON "
+                    f"text), got {type(self.json).__name__}"
+                )
+            object.__setattr__(self, "json", _schema_text(self.json))
+        if isinstance(self.choice, list):
+            object.__setattr__(self, "choice", tuple(self.choice))
         set_fields = [name for name in _KINDS if _is_set(getattr(self, name))]
         if len(set_fields) != 1:
             raise ValueError(
@@ -49,7 +61,11 @@ class StructuredOutputs:
 
         Keys keep the schema's order: the grammar emits an object's properties in that
         order, as OpenAI's structured outputs do, so they are not sorted here."""
-        return cls(json=json.dumps(schema, separators=(",", ":")))
+        return cls(json=_schema_text(schema))
+
+
+def _schema_text(schema: dict[str, Any] | bool) -> str:
+    return json.dumps(schema, separators=(",", ":"))
 
 
 _KINDS = ("json", "json_object", "regex", "choice", "grammar")

@@ -91,7 +91,7 @@ def test_child_exits_when_its_parent_is_killed(demo_dir, tmp_path) -> None:
         f"open({str(pid_file)!r}, 'w').write(str(eng._core.pid))\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[3])
     try:
         deadline = time.monotonic() + 120
         while not pid_file.exists() or not pid_file.read_text():

@@ -1,0 +1,185 @@
+"""One generation request prepared for the engine, the same way for HTTP and gRPC.
+
+Each ingress reads its request (an OpenAI body, a kvray.v1 GenerateRequest) as a `Source`:
+only it knows where each field is and what its prompt looks like. `Preparer.prepare` then
+runs the steps every generation request takes, in this order, each once:
+
+1. the prompt's own checks (sizes, shapes), by the source -> `PromptInput`
+2. sampling fields, read by the source
+3. tool use: the tools and tool_choice, parsed once
+4. the output constraint: the request's own or its tool calls' (both is an error), parsed once
+5. SamplingParams with that constraint, within the deployment's `RequestLimits`
+6. compile checks: every tool's parameter schema, and the constraint
+7. token ids (text tokenized; chat rendered by the template, which lists the tools), checked
+   against the served model into the engine's inputs
+
+A failure is an InvalidRequestError naming the field as the client wrote it (HTTP 400, gRPC
+INVALID_ARGUMENT), raised before anything is routed. The result (`Prepared`) carries the
+parsed tool use and constraint along, so nothing downstream (the answer's tool-call reader)
+parses them again; `Prepared.requests` gives the GenerateRequests to route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster.ingress import checks, structured
+from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
+from cluster.ingress.prompts import Prompts
+from cluster.ingress.structured import Constraint
+from cluster.ingress.tools import ToolUse
+from cluster.messages import GenerateRequest
+from workers.inputs import EngineInput
+from workers.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from workers.inputs import InputChecker
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """A request's prompt after its ingress's own checks: a batch of texts and token-id lists,
+    or one chat (template messages)."""
+
+    field: str  # what tokenizing and template errors name ("prompt", "messages", "chat")
+    batch: tuple[str | Sequence[int], ...] = ()
+    chat: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    checked_as: str = "prompt"  # what the engine's input check names (HTTP chat: "messages")
+
+
+class Source(Protocol):
+    """A generation request as its ingress reads it; `prepare` calls each method once."""
+
+    @property
+    def stream(self) -> bool:
+        """Whether the answer streams (the engine then yields deltas)."""
+        ...
+
+    @property
+    def tools_field(self) -> str:
+        """Where the request holds its tools: what the tool calls' constraint names."""
+        ...
+
+    def parameters_field(self, index: int) -> str:
+        """Where the tool at `index` holds its parameter schema."""
+        ...
+
+    def prompt_input(self, limits: RequestLimits) -> PromptInput: ...
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments, the output constraint aside."""
+        ...
+
+    def tool_use(self) -> ToolUse | None: ...
+
+    def own_constraint(self) -> Constraint | None:
+        """The request's own output constraint, not its tool calls'."""
+        ...
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a request asks of its output, each parsed once: its tool use (None without
+    tools) and its output constraint (None: unconstrained)."""
+
+    tool_use: ToolUse | None
+    constraint: Constraint | None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A generation request checked into the engine's types, one input per prompt."""
+
+    params: SamplingParams
+    inputs: tuple[EngineInput, ...]
+    outputs: Outputs
+
+    @property
+    def tool_use(self) -> ToolUse | None:
+        return self.outputs.tool_use
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.outputs.constraint
+
+    def requests(self, request_id: str) -> list[GenerateRequest]:
+        """The engine requests, one per prompt: `request_id`, or `request_id-i` for several."""
+        if len(self.inputs) == 1:
+            return [GenerateRequest(request_id, self.inputs[0])]
+        return [GenerateRequest(f"{request_id}-{i}", inp) for i, inp in enumerate(self.inputs)]
+
+
+def read_outputs(source: Source) -> Outputs:
+    """The source's tool use and output constraint (steps 3 and 4), each parsed once."""
+    use = source.tool_use()
+    own = source.own_constraint()
+    calls = use.constraint(source.tools_field) if use is not None else None
+    return Outputs(use, structured.only_one([c for c in (own, calls) if c is not None]))
+
+
+def read_sampling(
+    source: Source, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[SamplingParams, Outputs]:
+    """Steps 2 to 5: the SamplingParams, and the tool use and constraint they hold."""
+    kwargs = source.sampling_kwargs()
+    outputs = read_outputs(source)
+    if outputs.constraint is not None:
+        kwargs["structured_outputs"] = outputs.constraint.spec
+    return checks.sampling_params(kwargs, stream=source.stream, limits=limits), outputs
+
+
+def sampling_params(source: Source, limits: RequestLimits = DEFAULT_LIMITS) -> SamplingParams:
+    """The source's SamplingParams alone (as `prepare` builds them)."""
+    return read_sampling(source, limits)[0]
+
+
+class InputCheckers(Protocol):
+    """Where the served model's InputChecker comes from (LLMClient)."""
+
+    async def input_checker(self) -> InputChecker: ...
+
+
+class Preparer:
+    """The shared preparation of one ingress replica: its tokenizer, the served model's
+    input checker (`client`: LLMClient) and the deployment's request limits."""
+
+    def __init__(
+        self, prompts: Prompts, client: InputCheckers, limits: RequestLimits = DEFAULT_LIMITS
+    ) -> None:
+        self.prompts = prompts
+        self.client = client
+        self.limits = limits
+
+    async def prepare(self, source: Source) -> Prepared:
+        """The request checked into the engine's inputs (module doc); errors name the field."""
+        prompt = source.prompt_input(self.limits)
+        params, outputs = read_sampling(source, self.limits)
+        await self.check_compiles(outputs, source)
+        token_ids = await self.token_ids(prompt, outputs.tool_use)
+        checker = await self.client.input_checker()
+        inputs = tuple(
+            checks.engine_input(checker, ids, params, prompt.checked_as) for ids in token_ids
+        )
+        return Prepared(params, inputs, outputs)
+
+    async def check_compiles(self, outputs: Outputs, source: Source) -> None:
+        """Every tool's parameter schema compiles (whatever tool_choice is, so a bad schema
+        is an error naming its tool), and so does the output constraint."""
+        tokenizer = self.prompts.tokenizer
+        if outputs.tool_use is not None:
+            for c in outputs.tool_use.parameter_constraints(source.parameters_field):
+                await structured.check(c, tokenizer)
+        await structured.check(outputs.constraint, tokenizer)
+
+    async def token_ids(self, prompt: PromptInput, tool_use: ToolUse | None) -> list[list[int]]:
+        """The prompt's token ids, one list per prompt; a chat lists the tools to the model."""
+        if prompt.chat is None:
+            return await self.prompts.batch(prompt.batch, prompt.field)
+        tools = tool_use.template_tools() if tool_use is not None else None
+        ids = await self.prompts.chat(
+            prompt.chat, prompt.add_generation_prompt, field=prompt.field, tools=tools
+        )
+        return [ids]

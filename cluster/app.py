@@ -39,23 +39,40 @@ def build_app(args: Mapping[str, Any] | ServeConfig | None = None) -> serve.Appl
     return _bind(config, draining=False)
 
 
-def build_draining_app(config: ServeConfig) -> serve.Application:
-    """The same application with the HTTP ingress refusing new requests (/ready 503):
-    deploying it over the running one only reconfigures the ingress replicas (a user_config
-    change), which is how `kvray serve` begins a graceful shutdown."""
-    return _bind(config, draining=True)
+def build_run_app(
+    config: ServeConfig, code_version: str, draining: bool = False
+) -> serve.Application:
+    """The application as `kvray serve` deploys it: every deployment with the code version of
+    this `kvray serve` process. Deployed again with `draining=True` over the running one, it
+    only reconfigures the HTTP ingress replicas (a user_config change; /ready 503), which is
+    how a graceful shutdown begins: nothing restarts, no model is loaded again."""
+    return _bind(config, draining, code_version)
 
 
-def _bind(config: ServeConfig, draining: bool) -> serve.Application:
+def _bind(
+    config: ServeConfig, draining: bool, code_version: str | None = None
+) -> serve.Application:
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
 
-    llm = serve.deployment(LLMServer, **llm_server_options(config)).bind(config)
+    llm = _pinned(serve.deployment(LLMServer, **llm_server_options(config)), code_version)
+    llm_node = llm.bind(config)
     # The gRPC ingress runs its own server; binding it into the HTTP ingress's arguments is
     # what makes Serve deploy it as part of this application.
-    grpc = bind_grpc_ingress(config, llm)
-    ingress = serve.deployment(OpenAIIngress, **ingress_options(config, draining))
-    return ingress.bind(config, llm, grpc)
+    grpc = bind_grpc_ingress(config, llm_node, code_version=code_version)
+    ingress = _pinned(
+        serve.deployment(OpenAIIngress, **ingress_options(config, draining)), code_version
+    )
+    return ingress.bind(config, llm_node, grpc)
+
+
+def _pinned(deployment: Any, code_version: str | None) -> Any:
+    """Without a code version (a Serve config's `import_path`), Serve derives one."""
+    if code_version is None:
+        return deployment
+    from cluster.ray_internals import pin_code_version
+
+    return pin_code_version(deployment, code_version)
 
 
 def uses_gpu(config: ServeConfig) -> bool:

@@ -36,6 +36,22 @@ def record_zero(counter: Counter, tags: dict[str, str]) -> None:
     counter._record(0.0, tags=tags)
 
 
+# -- deployments --------------------------------------------------------------------------------
+
+
+def pin_code_version(deployment: Any, code_version: str) -> Any:
+    """The deployment with a fixed code version; returns it.
+
+    Relies on `Deployment._version`, which `serve.run` reads as `deployment._version or
+    get_random_string()` (the public `version` option was removed). Without it every
+    `serve.run` is new code to Serve and restarts every replica: `kvray serve`'s drain notice,
+    the same application with only the HTTP ingress's user_config changed, would replace the
+    engine replicas (loading the model again) before the ingress could turn draining.
+    """
+    deployment._version = code_version
+    return deployment
+
+
 # -- request routing ----------------------------------------------------------------------------
 
 

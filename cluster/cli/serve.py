@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from types import FrameType
 
 from cluster.cli.config import APP_NAME, http_options
@@ -94,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
     # SIGTERM while starting is Ctrl-C while starting (Ray's own handler would exit at once).
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # This process's deployments keep one code version, so the drain notice reconfigures them.
+    code_version = uuid.uuid4().hex
     try:
-        start(config, args, api_key)
+        start(config, args, api_key, code_version)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM while Ray starts or the application deploys
         logger.info("interrupted while starting: stopping")
         _shutdown(args.address, drain_timeout_s=0.0)
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         args.drain_timeout_s,
     )
     if args.drain_timeout_s > 0:
-        _announce_draining(config)
+        _announce_draining(config, code_version)
     _shutdown(args.address, drain_timeout_s=args.drain_timeout_s)
     logger.info("stopped")
     return 0
@@ -139,11 +142,13 @@ def _env_port(key: str) -> int:
     return int(os.environ[key])
 
 
-def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) -> None:
+def start(
+    config: ServeConfig, args: argparse.Namespace, api_key: str | None, code_version: str
+) -> None:
     import ray
     from ray import serve
 
-    from cluster.app import build_app
+    from cluster.app import build_run_app
     from cluster.liveness import run_liveness_app
 
     levels = console_logging(args.log_level)
@@ -205,7 +210,7 @@ def start(config: ServeConfig, args: argparse.Namespace, api_key: str | None) ->
         config.request_router,
     )
     t0 = time.monotonic()
-    serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+    serve.run(build_run_app(config, code_version), name=APP_NAME, route_prefix="/")
     # GET /health from its own replica, so the liveness probe answers under any load.
     run_liveness_app(APP_NAME, "/")
     logger.info("application ready in %.1f s", time.monotonic() - t0)
@@ -301,17 +306,20 @@ def _shutdown(address: str | None, drain_timeout_s: float) -> None:
             stop_processes(left)
 
 
-def _announce_draining(config: ServeConfig) -> None:
+def _announce_draining(config: ServeConfig, code_version: str) -> None:
     """Redeploys the application with its HTTP ingress draining: only the ingress's
-    user_config changes, so Serve reconfigures the running replicas (nothing restarts).
+    user_config changes and every deployment keeps the code version it was started with, so
+    Serve reconfigures the running replicas (nothing restarts).
     Waits at most DRAIN_NOTICE_TIMEOUT_S: shutting down must not hang on it."""
     from ray import serve
 
-    from cluster.app import build_draining_app
+    from cluster.app import build_run_app
 
     def redeploy() -> None:
         try:
-            serve.run(build_draining_app(config), name=APP_NAME, route_prefix="/")
+            serve.run(
+                build_run_app(config, code_version, draining=True), name=APP_NAME, route_prefix="/"
+            )
         except Exception as err:  # shutting down anyway
             logger.warning("could not mark the ingress draining: %s", err)
 

@@ -91,15 +91,25 @@ def grpc_ingress_options(config: ServeConfig, settings: GrpcSettings) -> dict[st
     }
 
 
-def bind_grpc_ingress(config: ServeConfig, llm: Any, settings: GrpcSettings | None = None) -> Any:
+def bind_grpc_ingress(
+    config: ServeConfig,
+    llm: Any,
+    settings: GrpcSettings | None = None,
+    code_version: str | None = None,
+) -> Any:
     """GrpcIngress bound to the LLMServer deployment (a bound node or a DeploymentHandle).
 
     Pass the result to the HTTP ingress's bind so Serve deploys it in the same application.
+    `code_version`: see cluster.app.build_run_app (None: Serve derives one).
     """
     from ray import serve
 
+    from cluster.ray_internals import pin_code_version
+
     settings = settings or GrpcSettings.from_config(config)
     deployment = serve.deployment(GrpcIngress, **grpc_ingress_options(config, settings))
+    if code_version is not None:
+        deployment = pin_code_version(deployment, code_version)
     return deployment.bind(config, llm, settings)
 
 

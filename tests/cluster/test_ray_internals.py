@@ -70,6 +70,24 @@ def test_counter_record() -> None:
     ray_internals.record_zero(counter, {"k": "v"})  # no Ray needed: recorded or discarded
 
 
+# -- deployments --------------------------------------------------------------------------------
+
+
+def test_pinned_code_version_reaches_serve_run() -> None:
+    from ray import serve
+    from ray.serve._private import client
+
+    class Noop:
+        pass
+
+    deployment = ray_internals.pin_code_version(serve.deployment(Noop), "v1")
+    assert deployment._version == "v1"
+    # serve.run reads the attribute (else a random version: every replica restarts).
+    assert "deployment._version or get_random_string()" in inspect.getsource(client)
+    with pytest.raises(ValueError):  # still no public way (when there is one, use it instead)
+        serve.deployment(Noop, version="v1")
+
+
 # -- request routing ----------------------------------------------------------------------------
 
 

@@ -302,9 +302,13 @@ def _sigterm_drains_an_in_flight_stream(server: ServeProcess, ports: ServePorts)
     client.start()
     assert first_chunk.wait(timeout=120), result
     assert httpx.get(f"{base}/ready", timeout=30).status_code == 200
+    engines = _engine_replica_pids(server)
+    assert engines, [p.cmdline() for p in server.descendants()]
     server.proc.send_signal(signal.SIGTERM)
     try:
         ready, refused = _first_not_ready(base)
+        # The drain notice reconfigured the ingress; it replaced no engine replica.
+        assert _engine_replica_pids(server) <= engines
     finally:
         client.join(timeout=300)
     assert result.get("status") == 200 and result.get("done"), result
@@ -318,6 +322,19 @@ def _sigterm_drains_an_in_flight_stream(server: ServeProcess, ports: ServePorts)
     # kvray's own output; Ray's actors' logs (forwarded, prefixed "(Name pid=N)") may carry
     # tracebacks of Serve's own shutdown races (its HAProxy manager reloading mid-stop).
     assert "Traceback" not in _own_lines(server.text), server.text
+    assert "could not mark the ingress draining" not in server.text, server.text
+
+
+def _engine_replica_pids(server: ServeProcess) -> set[int]:
+    """The engine replicas' processes (titled `ray::ServeReplica:APP:LLMServer`)."""
+    pids = set()
+    for proc in server.descendants():
+        with contextlib.suppress(psutil.Error):
+            if "ServeReplica" in " ".join(proc.cmdline()) and "LLMServer" in " ".join(
+                proc.cmdline()
+            ):
+                pids.add(proc.pid)
+    return pids
 
 
 @pytest.mark.slow

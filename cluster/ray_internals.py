@@ -18,6 +18,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ray.serve.config import HTTPOptions, gRPCOptions
     from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
     from ray.util.metrics import Counter
@@ -50,6 +52,44 @@ def pin_code_version(deployment: Any, code_version: str) -> Any:
     """
     deployment._version = code_version
     return deployment
+
+
+# -- the driver's console -----------------------------------------------------------------------
+
+
+def wrap_forwarded_log_printer(wrap: Callable[[Callable[..., None]], Callable[..., None]]) -> bool:
+    """Wraps the handler that prints on this driver's console the log lines Ray's processes
+    forward to it (ray.init's `log_to_driver`) with `wrap`; whether it could.
+
+    Relies on `ray._private.ray_logging.global_worker_stdstream_dispatcher.handlers`, a list of
+    (name, handler) pairs in which "ray_print_logs" prints each forwarded batch. No public hook
+    filters forwarded lines by level (`log_to_driver=False` drops the warnings too). One
+    reference swap: no batch is printed by neither handler or by both.
+    """
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return False
+    pairs = list(getattr(dispatcher, "handlers", ()))
+    if "ray_print_logs" not in [name for name, _ in pairs]:  # log_to_driver off, or Ray changed
+        return False
+    dispatcher.handlers = [(n, wrap(h) if n == "ray_print_logs" else h) for n, h in pairs]
+    return True
+
+
+def session_logs_dir() -> str | None:
+    """The logs directory of the Ray session this process is connected to, or None.
+
+    Relies on `ray._private.worker._global_node.get_logs_dir_path()`: no public API names the
+    directory (it holds the session's date, so `session_latest` is only a link to it).
+    """
+    try:
+        import ray._private.worker as ray_worker
+
+        node = ray_worker._global_node
+        return None if node is None else node.get_logs_dir_path()
+    except (ImportError, AttributeError):
+        return None
 
 
 # -- request routing ----------------------------------------------------------------------------

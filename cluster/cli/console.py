@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.ray_internals import session_logs_dir, wrap_forwarded_log_printer
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_LEVEL_HELP = (
     "what the console shows: info (default) = kvray's progress, the URLs, warnings and "
@@ -95,35 +97,15 @@ def filtered(handler: Callable[[dict[str, Any]], None], threshold: int) -> Calla
 def filter_forwarded_logs(threshold: int) -> bool:
     """After ray.init: the lines Ray's processes forward to this console below `threshold`
     are left out (they stay in the processes' log files). Whether the filter is in place
-    (it relies on Ray's driver-side log dispatcher, an internal of Ray's)."""
+    (it relies on Ray's driver-side log dispatcher: cluster/ray_internals.py)."""
     if threshold <= logging.NOTSET:
         return True
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-    except ImportError:
-        return False
-    pairs = list(getattr(dispatcher, "handlers", ()))
-    names = [name for name, _ in pairs]
-    if "ray_print_logs" not in names:  # log_to_driver off, or Ray changed
-        return False
-    # One reference swap: no forwarded line is printed by neither handler.
-    dispatcher.handlers = [
-        (name, filtered(h, threshold) if name == "ray_print_logs" else h) for name, h in pairs
-    ]
-    return True
+    return wrap_forwarded_log_printer(lambda handler: filtered(handler, threshold))
 
 
 def ray_logs_dir() -> str:
     """The running Ray session's logs directory (Serve's are in its serve/)."""
-    try:
-        import ray._private.worker as ray_worker
-
-        node = ray_worker._global_node
-        if node is not None:
-            return node.get_logs_dir_path()
-    except (ImportError, AttributeError):
-        pass
-    return DEFAULT_LOGS_DIR
+    return session_logs_dir() or DEFAULT_LOGS_DIR
 
 
 def quiet_serve_driver_logger(levels: ConsoleLogging, logs_dir: str) -> str | None:

@@ -88,6 +88,31 @@ def test_pinned_code_version_reaches_serve_run() -> None:
         serve.deployment(Noop, version="v1")
 
 
+# -- the driver's console -----------------------------------------------------------------------
+
+
+def test_forwarded_log_printer_hook() -> None:
+    import ray._private.worker as ray_worker
+    from ray._private.node import Node
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    # ray.init(log_to_driver=True) registers the printer under this name on the dispatcher.
+    assert isinstance(dispatcher.handlers, list)
+    assert '"ray_print_logs"' in inspect.getsource(ray_worker)
+    assert hasattr(ray_worker, "_global_node") and callable(Node.get_logs_dir_path)
+    before = list(dispatcher.handlers)
+    printed: list[object] = []
+    dispatcher.handlers = [*before, ("ray_print_logs", printed.append)]
+    try:
+        assert ray_internals.wrap_forwarded_log_printer(
+            lambda h: lambda data: h({**data, "seen": True})
+        )
+        dict(dispatcher.handlers)["ray_print_logs"]({"lines": ["x"]})
+        assert printed == [{"lines": ["x"], "seen": True}]
+    finally:
+        dispatcher.handlers = before
+
+
 # -- request routing ----------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ direct layer calls) and is what the worker calls each step. Paths:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,12 @@ class ModelForward:
     strategy: ForwardStrategy
     compiled: Any = None  # workers.device.compile.CompiledForward, or None: eager
     direct: Any = None  # workers.device.models.cpu_layers.CpuLayers, or None: the modules
+
+    @property
+    def path(self) -> str:
+        """What runs, as `ForwardStrategy.path` says it, "+compiled" only when the compiled
+        pieces were built (compiling can fail, and then every step runs eagerly)."""
+        return dataclasses.replace(self.strategy, compiled=self.compiled is not None).path
 
     def __call__(
         self,

@@ -155,8 +155,7 @@ class Worker:
     def info(self) -> dict[str, str]:
         """What this rank runs, fixed at its start: the CPU kernels' state (`KernelState`,
         e.g. "on (AMX)" or "off: CUDA device") and the forward path."""
-        strategy = self.forward.strategy
-        return {"cpu_kernels": str(strategy.kernels), "forward": strategy.path}
+        return {"cpu_kernels": str(self.forward.strategy.kernels), "forward": self.forward.path}
 
     def execute(self, step: StepInput) -> StepOutput | None:
         t0 = time.perf_counter()

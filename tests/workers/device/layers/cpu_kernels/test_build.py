@@ -107,6 +107,17 @@ def test_the_strategy_is_frozen():
     assert not compiled.compiled  # TP > 1 runs eagerly
 
 
+def test_the_reported_path_is_what_runs():
+    from workers.device.forward import ForwardStrategy, ModelForward
+    from workers.device.layers.cpu_kernels import KernelState
+
+    asked = ForwardStrategy(KernelState.off("disabled by config"), compiled=True)
+    assert asked.path == "torch+compiled"
+    # Compiling failed (compile_model gave None): every step runs eagerly, and says so.
+    assert ModelForward(model=None, strategy=asked, compiled=None).path == "torch"
+    assert ModelForward(model=None, strategy=asked, compiled=object()).path == "torch+compiled"
+
+
 def test_building_ahead_of_time_prints_the_state(lib):
     import subprocess
     import sys

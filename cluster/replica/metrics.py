@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cluster.ray_internals import record_zero
 from workers.core.stats import new_compile_seconds
 
 if TYPE_CHECKING:
@@ -65,13 +66,6 @@ GRAMMAR_COMPILE_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-def _zero(counter: Any, tags: dict[str, str]) -> None:
-    """Create a counter's series at 0 so rate()/increase() see its first increment."""
-    from cluster.ray_internals import record_zero
-
-    record_zero(counter, tags)
 
 
 class EngineMetrics:
@@ -176,9 +170,9 @@ class EngineMetrics:
             self._structured,
             self._grammar_hits,
         ):
-            _zero(c, tags)
+            record_zero(c, tags)
         for reason in FINISH_REASONS:
-            _zero(self._success, {**tags, "finish_reason": reason})
+            record_zero(self._success, {**tags, "finish_reason": reason})
 
         # Cumulative engine counters seen at the previous observe_stats(); the exported
         # counters advance by the difference.

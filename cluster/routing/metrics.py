@@ -7,9 +7,8 @@ labels: monitoring/README.md; the engine replicas' metrics are in cluster/replic
 
 from __future__ import annotations
 
-from typing import Any
-
 from cluster.errors import MIGRATION_CAUSES
+from cluster.ray_internals import record_zero
 
 # Failure to the next token of a migrated request: a re-prefill on a warm replica takes
 # milliseconds; waiting for a replacement replica (none left alive) takes tens of seconds.
@@ -17,7 +16,7 @@ MIGRATION_RESUME_BUCKETS_S: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
 
-# Label values created at 0 up front (see _zero): the routing decisions (docs/contracts.md)
+# Label values created at 0 up front (record_zero): the routing decisions (docs/contracts.md)
 # and the rejection reasons the ingresses use.
 ROUTING_DECISIONS = ("affinity", "load", "fallback")
 REJECT_REASONS = ("queue_full", "queue_timeout", "unauthenticated")
@@ -27,13 +26,6 @@ ALERTING_CODES = {
     "http": ("200", "429", "500", "503"),
     "grpc": ("OK", "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE"),
 }
-
-
-def _zero(counter: Any, tags: dict[str, str]) -> None:
-    """Create a counter's series at 0 so rate()/increase() see its first increment."""
-    from cluster.ray_internals import record_zero
-
-    record_zero(counter, tags)
 
 
 class RouterMetrics:
@@ -69,14 +61,14 @@ class RouterMetrics:
             tag_keys=(),
         )
         for cause in MIGRATION_CAUSES:
-            _zero(self._migrations, {"cause": cause})
+            record_zero(self._migrations, {"cause": cause})
         for decision in ROUTING_DECISIONS:
-            _zero(self._routing, {"decision": decision})
+            record_zero(self._routing, {"decision": decision})
         for reason in REJECT_REASONS:
-            _zero(self._rejected, {"reason": reason})
+            record_zero(self._rejected, {"reason": reason})
         for protocol, codes in ALERTING_CODES.items():
             for code in codes:
-                _zero(self._requests, {"protocol": protocol, "code": code})
+                record_zero(self._requests, {"protocol": protocol, "code": code})
 
     def request(self, protocol: str, code: str) -> None:
         self._requests.inc(tags={"protocol": protocol, "code": str(code)})

@@ -12,8 +12,9 @@ tensors of the model's shapes (no weights are loaded):
   mask) against the C kernel, contexts uniform around --context;
 - small ops: every layer's RMSNorms, rotary and SiLU-and-mul, torch against the kernels.
 It prints ms per forward's worth of each and the ratio torch / kernel (above 1: the kernel is
-faster). The engine uses the skinny kernel for `workers.device.layers.linear.SKINNY_ROWS` with
-float32 weights, the bfloat16 one up to `BF16_MAX_ROWS` rows with exactly-bfloat16 weights.
+faster). The engine uses the skinny kernel for `SKINNY_ROWS` with float32 weights, the bfloat16
+one up to `BF16_MAX_ROWS` rows with exactly-bfloat16 weights
+(workers/device/layers/cpu_kernels/routing.py).
 
 Then, per prefill chunk length (--chunk-lens, over a cached prefix of --prefix tokens), every
 layer's attention of one chunk three ways: torch's SDPA (the torch-native path), the decode

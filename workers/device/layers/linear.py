@@ -22,9 +22,6 @@ from torch import nn
 
 from workers.device.distributed import TPGroup
 from workers.device.layers.cpu_kernels import kernel_linear
-from workers.device.layers.cpu_kernels.routing import BF16_MAX_ROWS, SKINNY_ROWS, kernel_route
-
-__all__ = ["BF16_MAX_ROWS", "SKINNY_ROWS", "kernel_route", "linear"]
 
 
 def linear(

@@ -27,7 +27,7 @@ import torch
 
 from workers.device.layers.attention import AttentionMetadata
 from workers.device.layers.cpu_kernels import amx_packed, check_gemm, register
-from workers.device.layers.linear import kernel_route
+from workers.device.layers.cpu_kernels.routing import kernel_route
 
 
 @dataclass(frozen=True)

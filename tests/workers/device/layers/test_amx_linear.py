@@ -137,7 +137,8 @@ def test_a_failed_gemm_call_raises():
 def test_linear_routes_every_step_size_to_amx(amx_lib):
     """Faster than torch's linear at every size measured, so also above BF16_MAX_ROWS while
     the float32 weight is kept (the compiled pieces' path)."""
-    from workers.device.layers.linear import BF16_MAX_ROWS, kernel_route, linear
+    from workers.device.layers.cpu_kernels.routing import BF16_MAX_ROWS, kernel_route
+    from workers.device.layers.linear import linear
 
     w = torch.randn(64, 32).bfloat16().float()
     packed = pack_bf16_weight(w, amx=True)

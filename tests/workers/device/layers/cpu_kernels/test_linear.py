@@ -92,7 +92,7 @@ def test_the_linear_kernels_write_into_a_given_output(lib):
 
 def test_linear_routes_rows_by_count_and_weight(lib):
     from workers.device.layers import linear as linear_mod
-    from workers.device.layers.cpu_kernels import register
+    from workers.device.layers.cpu_kernels import BF16_MAX_ROWS, register
 
     w32 = torch.randn(64, 32)
     w16 = w32.bfloat16().float()
@@ -100,8 +100,8 @@ def test_linear_routes_rows_by_count_and_weight(lib):
     freed = torch.empty(64, 32, device="meta")
     for rows, w, p, expected in [
         (1, w16, packed, "bf16"),
-        (linear_mod.BF16_MAX_ROWS, w16, packed, "bf16"),
-        (linear_mod.BF16_MAX_ROWS + 1, w16, packed, None),  # the BLAS
+        (BF16_MAX_ROWS, w16, packed, "bf16"),
+        (BF16_MAX_ROWS + 1, w16, packed, None),  # the BLAS
         (1000, freed, packed, "bf16"),  # freed float32: the packed copy at every size
         (1000, None, packed, "bf16"),  # as the op sees a freed weight
         (8, w32, None, "skinny"),  # float32 weights: the skinny kernel

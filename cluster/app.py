@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ServeConfig
+from cluster.ray_internals import pin_code_version
 from cluster.replica.llm_server import LLMServer
 from cluster.routing.kv_router import KV_ROUTER_CLASS_PATH
 from cluster.routing.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
@@ -55,24 +56,15 @@ def _bind(
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
 
-    llm = _pinned(serve.deployment(LLMServer, **llm_server_options(config)), code_version)
+    llm = pin_code_version(serve.deployment(LLMServer, **llm_server_options(config)), code_version)
     llm_node = llm.bind(config)
     # The gRPC ingress runs its own server; binding it into the HTTP ingress's arguments is
     # what makes Serve deploy it as part of this application.
     grpc = bind_grpc_ingress(config, llm_node, code_version=code_version)
-    ingress = _pinned(
+    ingress = pin_code_version(
         serve.deployment(OpenAIIngress, **ingress_options(config, draining)), code_version
     )
     return ingress.bind(config, llm_node, grpc)
-
-
-def _pinned(deployment: Any, code_version: str | None) -> Any:
-    """Without a code version (a Serve config's `import_path`), Serve derives one."""
-    if code_version is None:
-        return deployment
-    from cluster.ray_internals import pin_code_version
-
-    return pin_code_version(deployment, code_version)
 
 
 def uses_gpu(config: ServeConfig) -> bool:

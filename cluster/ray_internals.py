@@ -41,8 +41,9 @@ def record_zero(counter: Counter, tags: dict[str, str]) -> None:
 # -- deployments --------------------------------------------------------------------------------
 
 
-def pin_code_version(deployment: Any, code_version: str) -> Any:
-    """The deployment with a fixed code version; returns it.
+def pin_code_version(deployment: Any, code_version: str | None) -> Any:
+    """The deployment with a fixed code version (None: left to Serve, which derives one from
+    a Serve config and draws one per `serve.run`); returns it.
 
     Relies on `Deployment._version`, which `serve.run` reads as `deployment._version or
     get_random_string()` (the public `version` option was removed). Without it every
@@ -50,7 +51,8 @@ def pin_code_version(deployment: Any, code_version: str) -> Any:
     the same application with only the HTTP ingress's user_config changed, would replace the
     engine replicas (loading the model again) before the ingress could turn draining.
     """
-    deployment._version = code_version
+    if code_version is not None:
+        deployment._version = code_version
     return deployment
 
 

@@ -108,9 +108,7 @@ def bind_grpc_ingress(
 
     settings = settings or GrpcSettings.from_config(config)
     deployment = serve.deployment(GrpcIngress, **grpc_ingress_options(config, settings))
-    if code_version is not None:
-        deployment = pin_code_version(deployment, code_version)
-    return deployment.bind(config, llm, settings)
+    return pin_code_version(deployment, code_version).bind(config, llm, settings)
 
 
 class GrpcIngress:

@@ -80,6 +80,7 @@ def test_pinned_code_version_reaches_serve_run() -> None:
     class Noop:
         pass
 
+    assert ray_internals.pin_code_version(serve.deployment(Noop), None)._version is None
     deployment = ray_internals.pin_code_version(serve.deployment(Noop), "v1")
     assert deployment._version == "v1"
     # serve.run reads the attribute (else a random version: every replica restarts).

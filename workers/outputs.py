@@ -62,6 +62,12 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: RequestMetrics | None = None  # set on the final output
+    # `SamplingParams.prompt_logprobs`: one entry per prompt token, the first None (nothing
+    # predicts it). On the finished output, and on the first running output of a DELTA
+    # request once its prompt is done.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # `SamplingParams.pooling`: the pooled hidden state, on the finished output only.
+    embedding: list[float] | None = None
 
 
 @dataclass

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from workers.outputs import RequestOutputKind
+from workers.pooling import Pooling
 from workers.structured.spec import StructuredOutputs
 
 # Top-N logprobs per token are capped: each one costs a top-k over the vocabulary and a
@@ -37,6 +38,14 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    # Log-probabilities of the prompt's tokens (the first has none), each with the top-N
+    # at its position: scoring and evaluation harnesses. Computed from the prefill's logits
+    # at every prompt position, so such a request skips the prefix cache (module doc of
+    # workers/core/scheduler.py) and only its first sample computes them.
+    prompt_logprobs: int | None = None
+    # An embedding request (workers/pooling.py): prefill only, pooled hidden states instead
+    # of tokens; n must be 1.
+    pooling: Pooling | None = None
     skip_special_tokens: bool = True
     # What the engine produces: deltas while running (streaming), or only the final output.
     output_kind: RequestOutputKind = RequestOutputKind.DELTA
@@ -113,6 +122,18 @@ class SamplingParams:
             raise bad(
                 "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
             )
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise bad(
+                "prompt_logprobs",
+                f"must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}",
+            )
+        if self.pooling is not None:
+            if not isinstance(self.pooling, Pooling):
+                raise bad("pooling", f"must be a Pooling, got {type(self.pooling).__name__}")
+            if self.n != 1:
+                raise bad("n", f"must be 1 for an embedding request, got {self.n!r}")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", f"must be a RequestOutputKind, got {self.output_kind!r}")
         if self.structured_outputs is not None and not isinstance(

@@ -91,6 +91,11 @@ class InputChecker:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
                 raise ValueError(f"{field} token id {t!r} is outside the vocabulary [0, {vocab})")
         limit, named = self._limit()
+        if params.pooling is not None:
+            # An embedding request generates nothing: the prompt may fill the whole context.
+            if len(ids) > limit:
+                raise ValueError(f"{field} is {len(ids)} tokens, over {named}")
+            return EngineInput(ids, params, prompt)
         if len(ids) >= limit:
             raise ValueError(
                 f"{field} is {len(ids)} tokens, which leaves no room to generate within {named}"

@@ -67,6 +67,15 @@ class SamplingParams:
         return self.temperature < 1e-5 or self.top_k == 1
 
     @property
+    def needs_every_prompt_position(self) -> bool:
+        """Prompt logprobs and mean pooling need the hidden state of every prompt token, which
+        a prefix-cache hit would skip: such a request computes its whole prompt. Its blocks
+        still enter the cache for the requests after it."""
+        return self.prompt_logprobs is not None or (
+            self.pooling is not None and self.pooling.kind == "mean"
+        )
+
+    @property
     def has_penalties(self) -> bool:
         return (
             self.presence_penalty != 0.0

@@ -95,7 +95,7 @@ class BlockManager:
 
     def lookup_prefix(self, seq: Seq) -> list[int]:
         """Block ids of the longest cached prefix of seq (at least one token left to compute)."""
-        if not self.enable_caching:
+        if not self.enable_caching or seq.params.needs_every_prompt_position:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hit: list[int] = []

@@ -16,22 +16,24 @@ from dataclasses import replace
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
 from workers.core.output_processor import (
-    delta_output,
-    final_output,
     finish_abort,
     finish_grammar_complete,
     finish_out_of_cache,
+    finish_pooled,
     new_output_state,
     process_token,
+    record_prompt_logprobs,
+    request_delta_output,
+    request_final_output,
     resume_output_state,
 )
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats, waiting_prefill_tokens
-from workers.core.step import CachedSeq, NewSeq, StepInput
+from workers.core.step import CachedSeq, NewSeq, StepInput, StepOutput
 from workers.executor.base import Executor, create_executor
 from workers.inputs import EngineInput, InputChecker
-from workers.outputs import QUEUE_TIMEOUT, RequestMetrics, RequestOutput, RequestOutputKind
+from workers.outputs import QUEUE_TIMEOUT, RequestOutput, RequestOutputKind
 from workers.sampling_params import SamplingParams
 from workers.structured import GRAMMAR_ERROR, check_structured
 from workers.structured.compiler import GrammarCompiler
@@ -155,6 +157,10 @@ class LLMEngine:
         seqs: list[Seq] = []
         for i in sorted(resumed) if resumed else range(params.n):
             p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            if i > 0 and p.prompt_logprobs is not None:
+                # The samples share one prompt: the first scores it, the others reuse its
+                # cached blocks (the gate below) instead of computing it again.
+                p = replace(p, prompt_logprobs=None)
             seq = Seq(
                 seq_id=f"{request_id}#{i}",
                 request_id=request_id,
@@ -226,7 +232,7 @@ class LLMEngine:
             if req.finished:
                 outputs.append(self._finish_request(req))
             elif req.params.output_kind is RequestOutputKind.DELTA:
-                outputs.append(self._delta_output(req))
+                outputs.append(request_delta_output(req))
         return outputs
 
     def _execute(self, sched: SchedulerOutput, touched: dict[str, Request]) -> None:
@@ -255,6 +261,23 @@ class LLMEngine:
                 finish_grammar_complete(seq)
             if seq.finish_reason is not None:
                 self._retire(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        if result.prompt_logprobs or result.embeddings:
+            self._scored(result, now, touched)
+
+    def _scored(self, result: StepOutput, now: float, touched: dict[str, Request]) -> None:
+        """A step's prompt logprobs and finished embeddings (workers/device/scoring.py)."""
+        for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():
+            seq = self.seqs.get(sid)
+            if seq is not None:
+                record_prompt_logprobs(seq, first_pos, entries)
+        for sid, embedding in (result.embeddings or {}).items():
+            seq = self.seqs[sid]
+            # Its one result: the prompt counts as served, and TTFT is the time to it.
+            seq.first_token_time = now
+            self.prompt_tokens += seq.prompt_len
+            finish_pooled(seq, embedding)
+            self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
 
     def _step_input(self, scheduled: list[tuple[Seq, int]]) -> StepInput:
@@ -321,41 +344,10 @@ class LLMEngine:
         self.seqs.pop(seq.seq_id, None)
 
     def _finish_request(self, req: Request) -> RequestOutput:
-        """The finished output: everything cumulative, the last delta, and the metrics."""
         self.requests.pop(req.request_id, None)
         self.structured.forget(req.request_id)
         self._queue_deadlines.pop(req.request_id, None)
-        seqs = req.seqs
-        firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
-        scheds = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=[final_output(s) for s in seqs],
-            finished=True,
-            num_cached_tokens=seqs[0].num_cached_tokens,
-            metrics=RequestMetrics(
-                arrival_time=req.arrival_time,
-                first_scheduled_time=min(scheds) if scheds else None,
-                first_token_time=min(firsts) if firsts else None,
-                finished_time=time.monotonic(),
-                token_times=sorted(t for s in seqs for t in s.token_times),
-                num_prompt_tokens=len(req.prompt_token_ids),
-                num_generation_tokens=sum(s.num_output_tokens for s in seqs),
-                num_cached_tokens=seqs[0].num_cached_tokens,
-            ),
-        )
-
-    def _delta_output(self, req: Request) -> RequestOutput:
-        """A running DELTA request: what changed this step, nothing cumulative."""
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt=None,
-            prompt_token_ids=[],
-            outputs=[delta_output(s) for s in req.seqs],
-            num_cached_tokens=req.seqs[0].num_cached_tokens,
-        )
+        return request_final_output(req)
 
     # -- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:

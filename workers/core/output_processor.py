@@ -7,12 +7,13 @@ cumulative text, tokens and logprobs, plus the last delta.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.core.request import Seq
+from workers.core.request import Request, Seq
 from workers.detokenizer import OutputText
-from workers.outputs import CompletionOutput, TokenLogprobs
+from workers.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 
 
 @dataclass(eq=False)
@@ -22,6 +23,11 @@ class SeqOutputState:
     logprobs: list[TokenLogprobs] | None = None
     sent_tokens: int = 0  # output tokens handed out in deltas so far
     sent_logprobs: int = 0
+    # SamplingParams.prompt_logprobs (the first sample only): one per prompt token, the
+    # first None; filled chunk by chunk as the prompt is computed.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    sent_prompt_logprobs: bool = False
+    embedding: list[float] | None = None  # SamplingParams.pooling, once computed
 
 
 def new_output_state(seq: Seq, tokenizer) -> SeqOutputState:  # noqa: ANN001
@@ -37,7 +43,37 @@ def new_output_state(seq: Seq, tokenizer) -> SeqOutputState:  # noqa: ANN001
         ),
         stop_ids=frozenset(p.stop_token_ids or ()) | frozenset(eos),
         logprobs=[] if p.logprobs is not None else None,
+        prompt_logprobs=[None] * seq.prompt_len if p.prompt_logprobs is not None else None,
     )
+
+
+def record_prompt_logprobs(seq: Seq, first_pos: int, entries: list[TokenLogprobs]) -> None:
+    """A chunk's prompt logprobs: entry j scores the prompt token at first_pos + 1 + j. A
+    chunk computed again (after a preemption) writes the same values over the old ones."""
+    lps = seq.out.prompt_logprobs
+    if lps is not None:
+        lps[first_pos + 1 : first_pos + 1 + len(entries)] = entries
+
+
+def finish_pooled(seq: Seq, embedding: list[float]) -> None:
+    """An embedding request's prompt is done: it ends here with its embedding ("stop")."""
+    seq.out.embedding = embedding
+    seq.finish_reason = "stop"
+    seq.out.text.flush()
+
+
+def take_prompt_logprobs(seq: Seq, final: bool) -> list[TokenLogprobs | None] | None:
+    """The prompt logprobs for an output: on the finished one always, on a running one once
+    (the first output after the prompt is done)."""
+    st: SeqOutputState = seq.out
+    if st.prompt_logprobs is None:
+        return None
+    if final:
+        return st.prompt_logprobs
+    if st.sent_prompt_logprobs or not seq.prefill_done:
+        return None
+    st.sent_prompt_logprobs = True
+    return st.prompt_logprobs
 
 
 def process_token(seq: Seq, token: int, logprobs: TokenLogprobs | None, max_model_len: int) -> None:
@@ -154,3 +190,42 @@ def _take_delta(seq: Seq, co: CompletionOutput) -> None:
     if st.logprobs is not None:
         co.delta_logprobs = st.logprobs[st.sent_logprobs :]
         st.sent_logprobs = len(st.logprobs)
+
+
+def request_final_output(req: Request) -> RequestOutput:
+    """A finished request's output: everything cumulative, the last delta, and the metrics."""
+    seqs = req.seqs
+    firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
+    scheds = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None]
+    return RequestOutput(
+        request_id=req.request_id,
+        prompt=req.prompt,
+        prompt_token_ids=req.prompt_token_ids,
+        outputs=[final_output(s) for s in seqs],
+        finished=True,
+        num_cached_tokens=seqs[0].num_cached_tokens,
+        prompt_logprobs=take_prompt_logprobs(seqs[0], final=True),
+        embedding=seqs[0].out.embedding,
+        metrics=RequestMetrics(
+            arrival_time=req.arrival_time,
+            first_scheduled_time=min(scheds) if scheds else None,
+            first_token_time=min(firsts) if firsts else None,
+            finished_time=time.monotonic(),
+            token_times=sorted(t for s in seqs for t in s.token_times),
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_generation_tokens=sum(s.num_output_tokens for s in seqs),
+            num_cached_tokens=seqs[0].num_cached_tokens,
+        ),
+    )
+
+
+def request_delta_output(req: Request) -> RequestOutput:
+    """A running DELTA request's output: what changed this step, nothing cumulative."""
+    return RequestOutput(
+        request_id=req.request_id,
+        prompt=None,
+        prompt_token_ids=[],
+        outputs=[delta_output(s) for s in req.seqs],
+        num_cached_tokens=req.seqs[0].num_cached_tokens,
+        prompt_logprobs=take_prompt_logprobs(req.seqs[0], final=False),
+    )

@@ -57,3 +57,8 @@ class StepOutput:
     seq_ids: list[str]  # sequences that got a token this step
     token_ids: list[int]
     logprobs: list[dict[int, float] | None] | None = None  # per sampled row, when asked
+    # SamplingParams.prompt_logprobs: seq_id -> (p, entries), entry j scoring the prompt
+    # token at position p + 1 + j (chunks of a prompt arrive over several steps).
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] | None = None
+    # SamplingParams.pooling: seq_id -> the pooled embedding, once its prompt is done.
+    embeddings: dict[str, list[float]] | None = None

@@ -74,13 +74,23 @@ class ModelForward:
         meta: Any,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
+        x = self.hidden_states(input_ids, positions, kv_caches, meta)
+        return self.model.logits(x, logits_indices)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: Any,
+    ) -> torch.Tensor:
+        """[T, hidden] after the last layer, before the final norm: through the compiled
+        pieces where they serve the step, else eagerly."""
         if self.compiled is not None:
-            x = self.compiled.hidden_states(
+            return self.compiled.hidden_states(
                 self.model, input_ids, positions, kv_caches, meta, eager=self.eager_hidden_states
             )
-        else:
-            x = self.eager_hidden_states(input_ids, positions, kv_caches, meta)
-        return self.model.logits(x, logits_indices)
+        return self.eager_hidden_states(input_ids, positions, kv_caches, meta)
 
     def eager_hidden_states(
         self,

@@ -27,6 +27,8 @@ class SeqState:
     block_ids: list[int]
     num_computed_tokens: int = 0
     num_scheduled: int = 0
+    # Mean pooling (workers/pooling.py): the normed hidden states summed over the chunks so far.
+    pool_sum: torch.Tensor | None = None
     # Plain greedy: argmax suffices (no penalties, logprobs or min_tokens to enforce).
     plain_greedy: bool = field(init=False)
 
@@ -37,13 +39,29 @@ class SeqState:
         )
 
 
+@dataclass(frozen=True)
+class ChunkRows:
+    """Rows of the flat batch that one sequence's scheduled tokens occupy."""
+
+    state: SeqState
+    first_row: int
+    first_pos: int  # the position of the first row's token
+    count: int
+
+
 @dataclass
 class ModelInput:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
+    # Rows whose logits the step needs: one per sampling sequence (sample_states, in order),
+    # then the prompt rows of prompt_chunks, in order.
     logits_indices: torch.Tensor
-    sample_states: list[SeqState]  # rows of the logits, in order
+    sample_states: list[SeqState]  # the first len(sample_states) rows of the logits
+    # SamplingParams.prompt_logprobs: chunk rows whose next token is still a prompt token.
+    prompt_chunks: list[ChunkRows] = field(default_factory=list)
+    # SamplingParams.pooling: every chunk of an embedding request (workers/pooling.py).
+    pool_chunks: list[ChunkRows] = field(default_factory=list)
 
 
 def prepare_inputs(
@@ -71,6 +89,7 @@ def prepare_inputs(
     slot_parts: list[np.ndarray] = []
     logits_idx: list[int] = []
     sample_states: list[SeqState] = []
+    chunk_rows: list[tuple[SeqState, int]] = []  # (sequence, first row) of the step's chunks
 
     d = len(decodes)
     decode_tables = decode_mask = decode_lens = None
@@ -96,13 +115,14 @@ def prepare_inputs(
             mask = np.arange(max_blocks * bs)[None, :] <= ctx[:, None]
             decode_mask = torch.from_numpy(mask).to(device, non_blocking=True)[:, None, None, :]
         for r, s in enumerate(decodes):
+            chunk_rows.append((s, r))
             if s.num_computed_tokens + 1 == len(s.token_ids):
-                logits_idx.append(r)
-                sample_states.append(s)
+                _sample_row(s, r, logits_idx, sample_states)
     row = d
     num_row_rows = d  # rows through the decode kernel: decodes, then short-context chunks
     chunks: list[tuple[int, int, int]] = []  # prefill kernel: (first row, length, position)
     for s in kernel_prefills:
+        chunk_rows.append((s, row))
         start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
         tables[row : row + n, : len(blocks)] = blocks
         lens[row : row + n] = pos + 1
@@ -112,8 +132,7 @@ def prepare_inputs(
             num_row_rows += n
         row += n
         if end == len(s.token_ids):
-            logits_idx.append(row - 1)
-            sample_states.append(s)
+            _sample_row(s, row - 1, logits_idx, sample_states)
     if kernel_rows and cpu_kernel is not None:
         decode_tables = torch.from_numpy(tables)
         decode_lens = torch.from_numpy(lens)
@@ -121,6 +140,7 @@ def prepare_inputs(
     prefill_meta: list[PrefillSeq] = []
     offset = kernel_rows
     for s in prefills:
+        chunk_rows.append((s, offset))
         start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
         if start == 0:
             slots = mask = None
@@ -132,8 +152,7 @@ def prepare_inputs(
         prefill_meta.append(PrefillSeq(offset, n, end, slots, mask))
         offset += n
         if end == len(s.token_ids):
-            logits_idx.append(offset - 1)
-            sample_states.append(s)
+            _sample_row(s, offset - 1, logits_idx, sample_states)
 
     positions = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
     slots_all = np.concatenate(slot_parts) if slot_parts else np.zeros(0, dtype=np.int64)
@@ -149,13 +168,45 @@ def prepare_inputs(
         num_row_kernel_rows=num_row_rows if cpu_kernel is not None else 0,
         prefill_chunks=torch.tensor(chunks, dtype=torch.int64) if chunks else None,
     )
+    prompt_chunks, pool_chunks = _prompt_and_pool_chunks(chunk_rows, logits_idx)
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.from_numpy(positions).to(device),
         meta=meta,
         logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=device),
         sample_states=sample_states,
+        prompt_chunks=prompt_chunks,
+        pool_chunks=pool_chunks,
     )
+
+
+def _sample_row(s: SeqState, row: int, logits_idx: list[int], states: list[SeqState]) -> None:
+    """A sequence whose chunk reaches its last token samples from that row's logits; an
+    embedding request never samples (its last chunk is pooled instead)."""
+    if s.params.pooling is None:
+        logits_idx.append(row)
+        states.append(s)
+
+
+def _prompt_and_pool_chunks(
+    chunk_rows: list[tuple[SeqState, int]], logits_idx: list[int]
+) -> tuple[list[ChunkRows], list[ChunkRows]]:
+    """The chunks that need more than sampling: rows whose logits give prompt logprobs
+    (appended to `logits_idx` after the sample rows) and chunks of embedding requests."""
+    prompt: list[ChunkRows] = []
+    pool: list[ChunkRows] = []
+    for s, first_row in chunk_rows:
+        start = s.num_computed_tokens
+        if s.params.pooling is not None:
+            pool.append(ChunkRows(s, first_row, start, s.num_scheduled))
+        if s.params.prompt_logprobs is None:
+            continue
+        # Position p's logits score the token at p + 1: prompt positions 0 .. prompt_len - 2.
+        count = min(start + s.num_scheduled, s.prompt_len - 1) - start
+        if count > 0:
+            prompt.append(ChunkRows(s, first_row, start, count))
+            logits_idx.extend(range(first_row, first_row + count))
+    return prompt, pool
 
 
 # CPU: prefill chunks whose context (cached prefix + chunk) reaches this many tokens attend

@@ -21,6 +21,7 @@ from workers.device.layers.sampler import greedy_tokens
 from workers.device.loader import load_weights
 from workers.device.model_runner import SeqState, prepare_inputs
 from workers.device.models import build_model
+from workers.device.scoring import scoring_outputs
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +172,18 @@ class Worker:
         if not order:
             return StepOutput([], []) if self.is_driver else None
         inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
-        logits = self.forward(
-            inp.input_ids, inp.positions, self.kv_caches, inp.meta, inp.logits_indices
-        )
+        x = self.forward.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+        # Every rank takes the same branch (the same inputs): the LM head's gather is a
+        # collective under tensor parallelism.
+        logits = self.model.logits(x, inp.logits_indices) if len(inp.logits_indices) else None
         if not self.is_driver:
             return None
+        extras = scoring_outputs(self.model, x, logits, inp)
         rows = inp.sample_states
         ids = [s.seq_id for s in rows]
         if not rows:
-            return StepOutput([], [])
+            return extras.attach(StepOutput([], []))
+        logits = logits[: len(rows)]
         if all(s.plain_greedy for s in rows):
             grammar = _grammar_rows(step.grammar, ids)
             if grammar is not None:  # greedy under a grammar: the argmax of allowed tokens
@@ -188,8 +192,8 @@ class Worker:
                 rows_t = torch.tensor(grammar[0], dtype=torch.long, device=logits.device)
                 bits = grammar[1].to(logits.device, non_blocking=True)
                 logits = mask_disallowed(logits.float(), rows_t, bits)
-            return StepOutput(ids, greedy_tokens(logits).tolist())
-        return self._sample(logits, rows, ids, step.grammar)
+            return extras.attach(StepOutput(ids, greedy_tokens(logits).tolist()))
+        return extras.attach(self._sample(logits, rows, ids, step.grammar))
 
     def _sample(
         self,

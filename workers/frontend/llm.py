@@ -9,6 +9,7 @@ from dataclasses import replace
 from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, EngineArgs
 from workers.core.engine import LLMEngine
 from workers.outputs import RequestOutput, RequestOutputKind
+from workers.pooling import Pooling
 from workers.sampling_params import SamplingParams
 from workers.structured import check_structured
 
@@ -93,6 +94,18 @@ class LLM:
                 self.engine.abort(rid)
             raise
         return self._run(ids, use_tqdm)
+
+    def embed(
+        self,
+        prompts: str | list[int] | Sequence[str] | Sequence[list[int]],
+        pooling: Pooling | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One finished RequestOutput per prompt, in input order, its `embedding` the pooled
+        final-norm hidden states of the prompt (workers/pooling.py; default: the last
+        token's, L2-normalised). Prompts may fill the whole context (max_model_len)."""
+        params = SamplingParams(max_tokens=1, pooling=pooling or Pooling())
+        return self.generate(prompts, params, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

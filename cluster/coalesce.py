@@ -52,7 +52,9 @@ def merge_outputs(outs: Sequence[RequestOutput]) -> RequestOutput:
                 delta_logprobs=[x for lp in lps for x in lp] if lps else c.delta_logprobs,
             )
         )
-    return dataclasses.replace(last, outputs=merged)
+    # The prompt logprobs ride on one running output (the first after the prompt): keep them.
+    prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs), last.prompt_logprobs)
+    return dataclasses.replace(last, outputs=merged, prompt_logprobs=prompt_lps)
 
 
 async def coalesced(

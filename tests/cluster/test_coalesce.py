@@ -61,6 +61,13 @@ def test_merge_of_delta_outputs_keeps_a_finish_reported_once() -> None:
     assert not merged.finished and merged.prompt_token_ids == []
 
 
+def test_merge_keeps_prompt_logprobs_sent_with_an_earlier_output() -> None:
+    first, second = _out(0, 3), _out(1, 3)
+    first.prompt_logprobs = [None, {2: -0.5}]
+    assert merge_outputs([first, second]).prompt_logprobs == [None, {2: -0.5}]
+    assert merge_outputs([_out(0, 3), _out(1, 3)]).prompt_logprobs is None
+
+
 async def _source(
     total: int, closed: list[bool], delay: float = 0.0
 ) -> AsyncIterator[RequestOutput]:

@@ -25,6 +25,9 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # token budget of one engine step
 DEFAULT_STEP_TIMEOUT_S = 20.0
 DEFAULT_GRAMMAR_CACHE_SIZE = 256  # compiled grammars kept (LRU), keyed by the constraint
 DEFAULT_GRAMMAR_TIMEOUT_S = 30.0
+# A waiting request gains one priority level per this many seconds waited: a request is
+# overtaken by more urgent ones for at most (its priority - theirs) * this (no starvation).
+DEFAULT_PRIORITY_AGING_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +204,7 @@ class SchedulerConfig:
     # True when the user asked for max_model_len: it must then fit the KV cache (an error
     # otherwise); the checkpoint's default is capped to the KV cache instead (fit_to_kv_cache).
     max_model_len_explicit: bool = False
+    priority_aging_s: float = DEFAULT_PRIORITY_AGING_S
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,7 @@ class EngineArgs:
     compile_min_tokens: int | None = None
     # The CPU C kernels (workers/device/layers/cpu_kernels) where they apply; False: torch's ops.
     cpu_kernels: bool = True
+    priority_aging_s: float = DEFAULT_PRIORITY_AGING_S
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -260,9 +265,10 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        t = self.grammar_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
-            raise ValueError(f"grammar_timeout_s must be a number > 0, got {t!r}")
+        for name in ("grammar_timeout_s", "priority_aging_s"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+                raise ValueError(f"{name} must be a number > 0, got {t!r}")
         limit = model.max_position_embeddings
         if model.sliding_window:
             # No sliding-window attention kernel: cap the context so full attention is exact.
@@ -289,6 +295,7 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=batched,
                 max_model_len_explicit=self.max_model_len is not None,
+                priority_aging_s=self.priority_aging_s,
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, step_timeout_s=self.step_timeout_s

@@ -47,6 +47,9 @@ class EngineInput:
     # Empty: a fresh request. Else a resumed one: only these samples run, each continuing
     # from its outputs (samples that already finished are not listed). See check_resume.
     resume: tuple[ResumedSample, ...] = ()
+    # Lower is more urgent (vLLM's convention): orders the waiting queue and picks who is
+    # preempted first (workers/core/scheduler.py).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,14 @@ class InputChecker:
         params: SamplingParams,
         prompt: str | None = None,
         field: str = "prompt",
+        priority: int = 0,
     ) -> EngineInput:
         """Validates params and token ids; `field` names the prompt in error messages."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         params.validate()
+        if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) >= 2**31:
+            raise ValueError(f"priority must be a 32-bit integer, got {priority!r}")
         if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
             raise ValueError(f"{field} must be a list of token ids")
         ids = tuple(prompt_token_ids)
@@ -95,7 +101,7 @@ class InputChecker:
             # An embedding request generates nothing: the prompt may fill the whole context.
             if len(ids) > limit:
                 raise ValueError(f"{field} is {len(ids)} tokens, over {named}")
-            return EngineInput(ids, params, prompt)
+            return EngineInput(ids, params, prompt, priority=priority)
         if len(ids) >= limit:
             raise ValueError(
                 f"{field} is {len(ids)} tokens, which leaves no room to generate within {named}"
@@ -104,7 +110,7 @@ class InputChecker:
             raise ValueError(
                 f"max_tokens ({params.max_tokens}) + {field} length ({len(ids)}) exceeds {named}"
             )
-        return EngineInput(ids, params, prompt)
+        return EngineInput(ids, params, prompt, priority=priority)
 
     def check_prompt(
         self,
@@ -112,15 +118,16 @@ class InputChecker:
         params: SamplingParams,
         tokenizer: _Encoder,
         field: str = "prompt",
+        priority: int = 0,
     ) -> EngineInput:
         """`check` for a prompt given as text (encoded with `tokenizer`) or as token ids."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError(f"{field} must not be empty")
-            return self.check(tokenizer.encode(prompt), params, prompt, field)
+            return self.check(tokenizer.encode(prompt), params, prompt, field, priority)
         if not isinstance(prompt, (list, tuple)) or not prompt:
             raise ValueError(f"{field} must be a non-empty string or a non-empty list of token ids")
-        return self.check(prompt, params, None, field)
+        return self.check(prompt, params, None, field, priority)
 
     def check_resume(self, inp: EngineInput, samples: Sequence[ResumedSample]) -> EngineInput:
         """`inp` (checked already) continuing from `samples`: the unfinished samples of an
@@ -171,4 +178,4 @@ class InputChecker:
                     f"resume sample {i} needs one logprobs entry per output token ({len(out)})"
                 )
         ordered = tuple(sorted(samples, key=lambda s: s.index))
-        return EngineInput(inp.prompt_token_ids, p, inp.prompt, ordered)
+        return EngineInput(inp.prompt_token_ids, p, inp.prompt, ordered, inp.priority)

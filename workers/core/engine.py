@@ -125,9 +125,10 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Request:
         """Checks a raw prompt (text or token ids) with `input_checker`, then adds it."""
-        inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)
+        inp = self.input_checker.check_prompt(prompt, params, self.tokenizer, priority=priority)
         if params.structured_outputs is not None:
             check_structured(params.structured_outputs, self.tokenizer)
         return self.add_request(request_id, inp, arrival_time)
@@ -167,6 +168,8 @@ class LLMEngine:
                 index=i,
                 prompt_token_ids=ids,
                 params=p,
+                priority=inp.priority,
+                arrival_time=now,
             )
             seq.out = new_output_state(seq, self.tokenizer)
             r = resumed.get(i)

@@ -31,6 +31,10 @@ class Seq:
     block_hashes: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     status: SeqStatus = SeqStatus.WAITING
+    # The request's priority (lower is more urgent) and arrival (time.monotonic()), which
+    # ages a waiting sequence's urgency (workers/core/scheduler.py).
+    priority: int = 0
+    arrival_time: float = 0.0
     # n > 1: siblings wait for sequence 0's prefill, then reuse its cached prompt blocks.
     gate: Seq | None = None
     # What the workers already hold (the scheduler sends them only the difference).

@@ -8,6 +8,14 @@ sequence is preempted: its blocks are freed and it goes back to the front of the
 be recomputed later (reusing whatever the prefix cache still holds). A waiting sequence
 whose grammar is still compiling (constrained decoding) is passed over, not waited for.
 
+Priorities (`EngineInput.priority`, lower is more urgent): while every live sequence has the
+same priority, the order above is all there is (FIFO). Otherwise each step first orders the
+running sequences by priority (admission order within one), so the least urgent is the one
+preempted, and the waiting queue by urgency: its priority minus the seconds it has waited
+divided by `priority_aging_s`, arrival order within equal urgency. Aging bounds starvation: a
+request is overtaken by more urgent arrivals for at most (its priority - theirs) *
+priority_aging_s seconds.
+
 A sequence the whole cache cannot hold never loops: once it needs more blocks than the cache
 has, or cannot grow (running) or be admitted (waiting) with every other block free, it is
 finished (the engine reports finish_reason "length") and its blocks come back. The engine
@@ -42,6 +50,8 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.num_preemptions = 0
+        # Live sequences per priority: orders are kept only while priorities differ.
+        self._priorities: dict[int, int] = {}
 
     def add(self, seq: Seq) -> None:
         capacity = self.bm.num_blocks * self.bm.block_size
@@ -51,9 +61,16 @@ class Scheduler:
                 f"({capacity} tokens); raise kv_cache_memory_bytes"
             )
         self.waiting.append(seq)
+        self._priorities[seq.priority] = self._priorities.get(seq.priority, 0) + 1
 
     def remove(self, seq: Seq) -> None:
         """Drops a sequence (finished or aborted) and returns its blocks."""
+        if seq.status is not SeqStatus.FINISHED:
+            left = self._priorities[seq.priority] - 1
+            if left:
+                self._priorities[seq.priority] = left
+            else:
+                del self._priorities[seq.priority]
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -78,10 +95,22 @@ class Scheduler:
         self.remove(seq)
         out.out_of_cache.append(seq)
 
+    def _order_by_priority(self, now: float) -> None:
+        """Running: by priority (stable, so admission order within one). Waiting: by aged
+        urgency (stable, so arrival order within equal urgency)."""
+        self.running.sort(key=lambda s: s.priority)
+        aging = self.config.priority_aging_s
+        self.waiting = deque(
+            sorted(self.waiting, key=lambda s: s.priority - (now - s.arrival_time) / aging)
+        )
+
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[])
-        # 1. Running sequences, oldest admission first.
+        now = time.monotonic()
+        if len(self._priorities) > 1:
+            self._order_by_priority(now)
+        # 1. Running sequences, oldest admission first (most urgent first, when mixed).
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -104,7 +133,6 @@ class Scheduler:
                 continue
             # seq itself was preempted or finished; the list shifted, do not advance i.
         # 2. Waiting sequences, in arrival order, unless we just had to preempt.
-        now = time.monotonic()
         skipped: list[Seq] = []
         while (
             self.waiting

@@ -56,8 +56,10 @@ class LLM:
         prompts: str | list[int] | Sequence[str] | Sequence[list[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in input order.
+        """One RequestOutput per prompt, in input order. `priority`: one per prompt, lower
+        is more urgent (the engine's queue order; workers/core/scheduler.py).
 
         Every request is validated before any runs; a bad one raises ValueError naming the
         field and nothing is generated.
@@ -72,13 +74,16 @@ class LLM:
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"priority has {len(priorities)} entries for {len(prompts)} prompts")
         # Check every request before admitting any. Only final outputs are returned, so the
         # engine is asked for nothing else (no per-step deltas).
         checker, tokenizer = self.engine.input_checker, self.engine.tokenizer
         final = {id(p): _final_only(p) for p in plist}  # one copy per distinct params object
         inputs = [
-            checker.check_prompt(prompt, final[id(p)], tokenizer)
-            for prompt, p in zip(prompts, plist, strict=True)
+            checker.check_prompt(prompt, final[id(p)], tokenizer, priority=rank)
+            for prompt, p, rank in zip(prompts, plist, priorities, strict=True)
         ]
         for p in final.values():
             if p.structured_outputs is not None:

@@ -154,3 +154,79 @@ def test_long_prompt_does_not_starve_decodes(demo_dir) -> None:
             if seq is not None:  # still running: it must have got a token this step
                 assert seq.num_output_tokens == n + 1, f"{sid} starved for a step"
     assert steps_with_long_prefill >= 2000 // 256  # the prompt really was chunked
+
+
+def _finish_order(engine: LLMEngine) -> list[str]:
+    order: list[str] = []
+    while engine.has_unfinished():
+        order.extend(o.request_id for o in engine.step() if o.finished)
+    return order
+
+
+def test_priority_orders_the_queue_fifo_within_one(demo_dir) -> None:
+    engine = LLMEngine.from_args(
+        EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_seqs=1)
+    )
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for rid, rank in [("a", 0), ("b", 5), ("c", -1), ("d", 0), ("e", 5)]:
+        engine.add_prompt(rid, _ids(10, ord(rid)), params, priority=rank)
+    assert _finish_order(engine) == ["c", "a", "d", "b", "e"]
+    assert engine.scheduler._priorities == {}  # every sequence accounted for
+
+
+def test_a_waiting_request_ages_past_more_urgent_arrivals(demo_dir) -> None:
+    """Urgency is priority - waited / priority_aging_s: a priority-5 request that has waited
+    5 aging periods and a bit ranks before a fresh priority-0 one."""
+    import time
+
+    engine = LLMEngine.from_args(
+        EngineArgs(
+            model=str(demo_dir),
+            kv_cache_memory_bytes=16 << 20,
+            max_num_seqs=1,
+            priority_aging_s=2.0,
+        )
+    )
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    now = time.monotonic()
+    engine.add_prompt("fresh-urgent", _ids(8, 1), params, arrival_time=now, priority=0)
+    engine.add_prompt("old", _ids(8, 2), params, arrival_time=now - 11.0, priority=5)
+    engine.add_prompt("young", _ids(8, 3), params, arrival_time=now - 9.0, priority=5)
+    assert _finish_order(engine) == ["old", "fresh-urgent", "young"]
+
+
+def test_the_least_urgent_running_sequence_is_preempted_first(demo_dir) -> None:
+    # 24 blocks of 16 tokens; three sequences that grow to 150 tokens each cannot all stay.
+    engine = LLMEngine.from_args(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=24 * 65536))
+    preempted: list[str] = []
+    original = engine.scheduler._preempt
+
+    def record(seq, out) -> None:  # noqa: ANN001
+        preempted.append(seq.request_id)
+        original(seq, out)
+
+    engine.scheduler._preempt = record  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=110, temperature=0.0, ignore_eos=True)
+    prompts = {"lazy": _ids(40, 1), "urgent": _ids(40, 2), "normal": _ids(40, 3)}
+    ranks = {"lazy": 9, "urgent": 0, "normal": 1}
+    for rid, prompt in prompts.items():  # "lazy" is admitted first, yet preempted first
+        engine.add_prompt(rid, prompt, params, priority=ranks[rid])
+    got: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        got.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+    assert preempted and preempted[0] == "lazy", preempted
+    assert "urgent" not in preempted
+    # Preempted and recomputed, the outputs are those of an ample cache.
+    ample = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20)
+    assert _run(ample, list(prompts.values()), params) == [got[r] for r in prompts]
+
+
+def test_priority_must_be_an_integer(demo_dir) -> None:
+    import pytest
+
+    llm = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20)
+    for bad in (1.5, True, "1", 2**31):
+        with pytest.raises(ValueError, match="^priority must be a 32-bit integer"):
+            llm.generate([[5, 6]], GREEDY, use_tqdm=False, priority=[bad])
+    with pytest.raises(ValueError, match="^priority has 2 entries for 1 prompts"):
+        llm.generate([[5, 6]], GREEDY, use_tqdm=False, priority=[0, 1])

@@ -57,6 +57,7 @@ async def migrating(
     tracker = ResumeTracker(request.input)
     current = request
     failed_at: float | None = None  # monotonic time of the failure not yet followed by a token
+    prompt_scored = False  # a running output carried the prompt logprobs to the client
     while True:
         error: EngineDeadError | None = None
         try:
@@ -65,6 +66,11 @@ async def migrating(
                     if metrics is not None:
                         metrics.migration_resumed(time.monotonic() - failed_at)
                     failed_at = None
+                if out.prompt_logprobs is not None and not out.finished:
+                    # A resumed attempt scores the prompt again: the client has it already.
+                    if prompt_scored:
+                        out = dataclasses.replace(out, prompt_logprobs=None)
+                    prompt_scored = True
                 yield tracker.observe(out)
             return
         except EngineDeadError as err:

@@ -151,3 +151,24 @@ def test_max_migrations_zero_keeps_the_original_error(engines: dict[str, AsyncEn
     with pytest.raises(EngineDeadError, match="engine died: test"):
         _run(run())
     assert len(failing.seen) == 1
+
+
+def test_a_moved_stream_gets_its_prompt_logprobs_once(engines: dict[str, AsyncEngine]) -> None:
+    """The resumed attempt scores the prompt again; the client already has that."""
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+
+    async def run() -> list[RequestOutput]:
+        moved = Replicas(engines, fail_after=5)
+        return [o async for o in migrating(moved.attempt, _request(engines, params), 3)]
+
+    outs = _run(run())
+    scored = [o.prompt_logprobs for o in outs if not o.finished and o.prompt_logprobs]
+    assert len(scored) == 1 and len(scored[0]) == 24 and scored[0][0] is None
+    final = outs[-1].prompt_logprobs
+    assert outs[-1].finished and final is not None and final[0] is None
+    # The final output's are the resumed attempt's: the same up to float rounding (its
+    # prefill spans prompt + outputs, batched differently).
+    for got, first in zip(final[1:], scored[0][1:], strict=True):
+        assert got.keys() == first.keys()
+        assert all(abs(got[t] - first[t]) < 1e-4 for t in got)
+    _assert_no_blocks_held(engines)

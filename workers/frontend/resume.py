@@ -66,6 +66,7 @@ class ResumeTracker:
         ]
         self._request_id: str | None = None
         self._first_token_time: float | None = None
+        self._prompt_logprobs: list[TokenLogprobs | None] | None = None
         self.finished = False
         self.attempts = 1  # engines this request ran on; resume_input() counts the next one
 
@@ -89,6 +90,8 @@ class ResumeTracker:
         finished on an earlier engine (cumulative fields, empty deltas), its outputs in index
         order, and whole-request generation counts."""
         self._request_id = out.request_id
+        if out.prompt_logprobs is not None:
+            self._prompt_logprobs = out.prompt_logprobs
         if self._first_token_time is None and any(c.delta_token_ids for c in out.outputs):
             self._first_token_time = time.monotonic()
         for c in out.outputs:
@@ -183,6 +186,7 @@ class ResumeTracker:
             prompt_token_ids=list(inp.prompt_token_ids),
             outputs=outputs,
             finished=True,
+            prompt_logprobs=self._prompt_logprobs,
             metrics=RequestMetrics(
                 arrival_time=self.arrival_time,
                 first_token_time=self._first_token_time,

@@ -8,6 +8,7 @@ same setup. Ray is not needed: the attempt function is the handle call's stand-i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -159,7 +160,9 @@ def test_a_moved_stream_gets_its_prompt_logprobs_once(engines: dict[str, AsyncEn
 
     async def run() -> list[RequestOutput]:
         moved = Replicas(engines, fail_after=5)
-        return [o async for o in migrating(moved.attempt, _request(engines, params), 3)]
+        # Its own request id: an earlier test's abort of "req.0" may still be on its way.
+        request = dataclasses.replace(_request(engines, params), request_id="scored")
+        return [o async for o in migrating(moved.attempt, request, 3)]
 
     outs = _run(run())
     scored = [o.prompt_logprobs for o in outs if not o.finished and o.prompt_logprobs]

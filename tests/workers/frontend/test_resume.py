@@ -341,7 +341,7 @@ def test_twice_migrated(engines) -> None:  # noqa: ANN001
 
 def test_every_sample_finished_builds_the_final_output(engines) -> None:  # noqa: ANN001
     a, _ = engines
-    inp = _input(a, SamplingParams(temperature=0.0, max_tokens=5))
+    inp = _input(a, SamplingParams(temperature=0.0, max_tokens=5, prompt_logprobs=1))
     outs = _run(a, inp)
     tracker = ResumeTracker(inp)
     # The running outputs and the finished sample's last delta arrived; the finished output
@@ -355,6 +355,7 @@ def test_every_sample_finished_builds_the_final_output(engines) -> None:  # noqa
     c, want = final.outputs[0], outs[-1].outputs[0]
     assert (c.text, c.token_ids, c.finish_reason) == (want.text, want.token_ids, "length")
     assert final.metrics is not None and final.metrics.num_generation_tokens == 5
+    assert final.prompt_logprobs == outs[-1].prompt_logprobs and final.prompt_logprobs[1]
 
 
 def test_resume_requires_an_original_input(engines) -> None:  # noqa: ANN001

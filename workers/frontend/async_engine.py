@@ -114,10 +114,12 @@ class AsyncEngine:
         prompt: str | Sequence[int],
         params: SamplingParams,
         request_id: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Checks the prompt (text or token ids) and params with `input_checker`, then streams
-        like `generate_input`. Bad input raises ValueError before the first output."""
-        return self._stream(request_id, prompt=prompt, params=params)
+        like `generate_input`. Bad input raises ValueError before the first output.
+        `priority`: lower is more urgent (workers/core/scheduler.py)."""
+        return self._stream(request_id, prompt=prompt, params=params, priority=priority)
 
     def generate_input(
         self, inp: EngineInput, request_id: str, queue_timeout_s: float | None = None
@@ -136,13 +138,19 @@ class AsyncEngine:
         prompt: str | Sequence[int] | None = None,
         params: SamplingParams | None = None,
         queue_timeout_s: float | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         # One generator behind both entry points: checks run on the first iteration, so a
         # caller sees every error where it reads the stream. Only the cheap local check: a
         # blocking ping of the ranks here would stall every stream on this event loop.
         self.check_progress()
         if inp is None:
-            inp = self.input_checker.check_prompt(prompt, params, self.tokenizer)  # type: ignore[arg-type]
+            inp = self.input_checker.check_prompt(
+                prompt,  # type: ignore[arg-type]
+                params,  # type: ignore[arg-type]
+                self.tokenizer,
+                priority=priority,
+            )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")

@@ -218,3 +218,33 @@ def test_generate_never_makes_the_full_health_check(demo_dir) -> None:
         assert pings == [1]
     finally:
         eng.shutdown()
+
+
+def test_priority_crosses_to_the_engine_child(demo_dir) -> None:
+    """One sequence at a time: while a long request runs, a less urgent and then a more
+    urgent one queue; the urgent one runs first."""
+    eng = AsyncEngine(
+        EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20, max_num_seqs=1),
+        process=True,
+    )
+    finished: list[str] = []
+
+    async def run(rid: str, priority: int, max_tokens: int, started=None) -> None:  # noqa: ANN001
+        params = dataclasses.replace(GREEDY, max_tokens=max_tokens)
+        async for out in eng.generate(f"request {rid}", params, rid, priority=priority):
+            if started is not None:
+                started.set()
+            if out.finished:
+                finished.append(rid)
+
+    async def main() -> None:
+        started = asyncio.Event()
+        first = asyncio.create_task(run("long", 0, 1000, started))
+        await started.wait()  # "long" is running: the others queue behind it
+        await asyncio.gather(first, run("later", 3, 4), run("urgent", -3, 4))
+
+    try:
+        asyncio.run(main())
+    finally:
+        eng.shutdown()
+    assert finished == ["long", "urgent", "later"]

@@ -239,7 +239,7 @@ def test_priority_crosses_to_the_engine_child(demo_dir) -> None:
 
     async def main() -> None:
         started = asyncio.Event()
-        first = asyncio.create_task(run("long", 0, 1000, started))
+        first = asyncio.create_task(run("long", 0, 300, started))
         await started.wait()  # "long" is running: the others queue behind it
         await asyncio.gather(first, run("later", 3, 4), run("urgent", -3, 4))
 

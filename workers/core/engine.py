@@ -30,7 +30,7 @@ from workers.core.output_processor import (
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats, waiting_prefill_tokens
-from workers.core.step import CachedSeq, NewSeq, StepInput, StepOutput
+from workers.core.step import CachedSeq, NewSeq, StepInput
 from workers.executor.base import Executor, create_executor
 from workers.inputs import EngineInput, InputChecker
 from workers.outputs import QUEUE_TIMEOUT, RequestOutput, RequestOutputKind
@@ -248,6 +248,9 @@ class LLMEngine:
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.commit_full_blocks(seq)
+        # Before the tokens: a first token may finish (and retire) a scored sequence.
+        for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():
+            record_prompt_logprobs(self.seqs[sid], first_pos, entries)
         lps = result.logprobs
         for i, (sid, token) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
             seq = self.seqs[sid]
@@ -265,16 +268,14 @@ class LLMEngine:
             if seq.finish_reason is not None:
                 self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        if result.prompt_logprobs or result.embeddings:
-            self._scored(result, now, touched)
+        if result.embeddings:
+            self._pooled(result.embeddings, now, touched)
 
-    def _scored(self, result: StepOutput, now: float, touched: dict[str, Request]) -> None:
-        """A step's prompt logprobs and finished embeddings (workers/device/scoring.py)."""
-        for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():
-            seq = self.seqs.get(sid)
-            if seq is not None:
-                record_prompt_logprobs(seq, first_pos, entries)
-        for sid, embedding in (result.embeddings or {}).items():
+    def _pooled(
+        self, embeddings: dict[str, list[float]], now: float, touched: dict[str, Request]
+    ) -> None:
+        """Embedding requests whose prompt finished this step (workers/device/scoring.py)."""
+        for sid, embedding in embeddings.items():
             seq = self.seqs[sid]
             # Its one result: the prompt counts as served, and TTFT is the time to it.
             seq.first_token_time = now

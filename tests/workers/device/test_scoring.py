@@ -94,6 +94,9 @@ def test_scoring_requests_in_the_engine(checkpoints: dict[str, Path]) -> None:
     n2 = llm.generate(prompt, SamplingParams(n=2, max_tokens=3, prompt_logprobs=0, seed=1))[0]
     assert len(n2.prompt_logprobs) == len(prompt)
     assert all(len(e) == 1 and prompt[i] in e for i, e in enumerate(n2.prompt_logprobs[1:], 1))
+    # The first token ends the request in the step that scores the prompt's last chunk.
+    one = llm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))[0]
+    assert one.prompt_logprobs == n2.prompt_logprobs
 
     engine = llm.engine
     streamed = SamplingParams(max_tokens=4, prompt_logprobs=1, temperature=0)

@@ -63,7 +63,16 @@ def add_serve_flags(parser: argparse.ArgumentParser, default_host: str) -> None:
         default=None,
         help=f"require 'Authorization: Bearer KEY' (default: ${ServeConfig().api_key_env}, if set)",
     )
-    # Then the ServeConfig fields, each in its group (field order within a group).
+    add_config_flags(parser, groups)
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser, groups: dict[str, argparse._ArgumentGroup] | None = None
+) -> None:
+    """The ServeConfig fields' flags alone, each in its group (field order within a group):
+    for a command that starts the app but listens nowhere itself (`kvray run-batch`)."""
+    if groups is None:
+        groups = {name: parser.add_argument_group(name) for name in GROUPS}
     hints = typing.get_type_hints(ServeConfig)
     for f in fields(ServeConfig):
         flag: Flag = f.metadata["flag"]

@@ -1,5 +1,5 @@
-"""`kvray` command line: serve | generate | bench throughput | bench serve | bench kernels |
-config.
+"""`kvray` command line: serve | generate | run-batch | bench throughput | bench serve |
+bench kernels | config.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
 this file only wires them together, and imports them lazily so `kvray --help` is instant.
@@ -18,6 +18,11 @@ from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("serve",), "cluster.cli.serve", "serve a model over HTTP (OpenAI API) and gRPC on Ray"),
     (("generate",), "cluster.cli.generate", "generate offline from a prompt, streaming to stdout"),
+    (
+        ("run-batch",),
+        "cluster.cli.run_batch",
+        "run a file of requests in OpenAI's batch format (JSONL), one result per line",
+    ),
     (("config",), "cluster.cli.config", "write the Serve config YAML that `serve deploy` takes"),
     (("bench", "throughput"), "cluster.bench.throughput", "offline throughput vs transformers"),
     (("bench", "serve"), "cluster.bench.serve", "online latency/throughput against a server"),

@@ -101,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
         start(config, args, api_key, code_version)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM while Ray starts or the application deploys
         logger.info("interrupted while starting: stopping")
-        _shutdown(args.address, drain_timeout_s=0.0)
+        shutdown(args.address, drain_timeout_s=0.0)
         return 130
     except Exception as err:
         logger.error("could not start kvray: %s", err)
-        _shutdown(args.address, drain_timeout_s=0.0)
+        shutdown(args.address, drain_timeout_s=0.0)
         return 1
     stop = _install_signal_handlers()
     print(banner(config, args, api_key is not None, ray_logs_dir()), flush=True)
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.drain_timeout_s > 0:
         _announce_draining(config, code_version)
-    _shutdown(args.address, drain_timeout_s=args.drain_timeout_s)
+    shutdown(args.address, drain_timeout_s=args.drain_timeout_s)
     logger.info("stopped")
     return 0
 
@@ -277,7 +277,7 @@ def _install_signal_handlers() -> threading.Event:
     return stop
 
 
-def _shutdown(address: str | None, drain_timeout_s: float) -> None:
+def shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
 

@@ -5,6 +5,7 @@
         print(completion_text(reply), reply.usage.completion_tokens)
         for piece in client.generate_stream("Once upon a time", max_tokens=32):
             print(completion_text(piece), end="", flush=True)
+        vectors = embedding_vectors(client.embed(["first text", "second text"]))
 
 Both clients return the stubs' messages (kvray.v1.llm_pb2) unchanged, so every field of the
 .proto is reachable; `completion_text` is the shortcut for the common case.
@@ -40,6 +41,7 @@ def build_generate_request(
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
+    prompt_logprobs: int | None = None,
     **sampling: Any,
 ) -> llm_pb2.GenerateRequest:
     """A GenerateRequest from Python values.
@@ -48,7 +50,8 @@ def build_generate_request(
     role and content, and OpenAI-style tool_calls / tool_call_id). `sampling` holds
     SamplingParams fields by name (max_tokens=16, temperature=0.0, stop=["\\n"], ...; an
     output constraint as json_schema=<dict or JSON text>, regex=..., choice=[...],
-    grammar=..., json_object=True); `top_logprobs` (0-20) asks for log probabilities.
+    grammar=..., json_object=True); `top_logprobs` (0-20) asks for log probabilities, and
+    `prompt_logprobs` (0-20 alternatives) for the prompt tokens' (response.prompt_logprobs).
     `tools` (OpenAI tool dicts), `tool_choice` ("auto", "none", "required", or a function
     name as {"name": ...} or OpenAI's {"type": "function", "function": {"name": ...}}) and
     `parallel_tool_calls` go with `messages`.
@@ -77,6 +80,8 @@ def build_generate_request(
     req.sampling.CopyFrom(llm_pb2.SamplingParams(**sampling))
     if top_logprobs is not None:
         req.logprobs.top_logprobs = top_logprobs
+    if prompt_logprobs is not None:
+        req.prompt_logprobs = prompt_logprobs
     return req
 
 
@@ -125,6 +130,44 @@ def _message(m: Mapping[str, Any]) -> llm_pb2.ChatMessage:
     if m.get("tool_call_id"):
         msg.tool_call_id = m["tool_call_id"]
     return msg
+
+
+def build_embed_request(
+    inputs: Prompt | Sequence[Prompt],
+    *,
+    model: str = "",
+    request_id: str = "",
+    pooling_type: str | None = None,
+    normalize: bool | None = None,
+    truncate_prompt_tokens: int | None = None,
+) -> llm_pb2.EmbedRequest:
+    """An EmbedRequest: `inputs` is one text, one list of token ids, or a list of either;
+    `pooling_type` "last" (unset) or "mean"."""
+    if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]  # type: ignore[list-item]
+    req = llm_pb2.EmbedRequest(model=model, request_id=request_id)
+    for one in inputs:
+        if isinstance(one, str):
+            req.inputs.add(text=one)
+        else:
+            req.inputs.add(token_ids=llm_pb2.TokenIds(ids=one))  # type: ignore[arg-type]
+    if pooling_type is not None:
+        if pooling_type.lower() not in _POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of last, mean, got {pooling_type!r}")
+        req.pooling_type = _POOLING_TYPES[pooling_type.lower()]
+    if normalize is not None:
+        req.normalize = normalize
+    if truncate_prompt_tokens is not None:
+        req.truncate_prompt_tokens = truncate_prompt_tokens
+    return req
+
+
+_POOLING_TYPES = {"last": llm_pb2.POOLING_TYPE_LAST, "mean": llm_pb2.POOLING_TYPE_MEAN}
+
+
+def embedding_vectors(response: llm_pb2.EmbedResponse) -> list[list[float]]:
+    """The vectors of an Embed response, in input order."""
+    return [list(e.values) for e in sorted(response.embeddings, key=lambda e: e.index)]
 
 
 def build_tokenize_request(
@@ -208,6 +251,14 @@ class KvrayClient:
         )
         return list(resp.models)
 
+    def embed(
+        self, inputs: Prompt | Sequence[Prompt], *, timeout: float | None = None, **kwargs: Any
+    ) -> llm_pb2.EmbedResponse:
+        """One embedding per input (`embedding_vectors` lists them). kwargs: see
+        build_embed_request."""
+        req = build_embed_request(inputs, **kwargs)
+        return self._stub.Embed(req, timeout=self._deadline(timeout), metadata=self._metadata)
+
     def _deadline(self, timeout: float | None) -> float | None:
         return timeout if timeout is not None else self._timeout
 
@@ -282,6 +333,12 @@ class AsyncKvrayClient:
             llm_pb2.ListModelsRequest(), timeout=self._deadline(timeout), metadata=self._metadata
         )
         return list(resp.models)
+
+    async def embed(
+        self, inputs: Prompt | Sequence[Prompt], *, timeout: float | None = None, **kwargs: Any
+    ) -> llm_pb2.EmbedResponse:
+        req = build_embed_request(inputs, **kwargs)
+        return await self._stub.Embed(req, timeout=self._deadline(timeout), metadata=self._metadata)
 
     def _deadline(self, timeout: float | None) -> float | None:
         return timeout if timeout is not None else self._timeout

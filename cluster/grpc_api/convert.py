@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.errors import InvalidRequestError, ModelNotFoundError
 from cluster.grpc_api import constraints
-from cluster.ingress import prepare
+from cluster.ingress import embeddings, prepare
+from cluster.ingress.embeddings import EmbedInput, EmbedOptions
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.prepare import PromptInput
 from cluster.ingress.tool_calls import ToolCall, ToolCallParser, finish_reason
@@ -56,6 +57,12 @@ _REQUEST_FIELD_PATHS = {
 }
 
 TokenText = Callable[[int], str]
+# EmbedRequest.pooling_type -> workers.pooling's kind (None: the default, last).
+_POOLING_TYPES = {
+    llm_pb2.POOLING_TYPE_UNSPECIFIED: None,
+    llm_pb2.POOLING_TYPE_LAST: "last",
+    llm_pb2.POOLING_TYPE_MEAN: "mean",
+}
 
 
 def check_model(requested: str, served: str) -> None:
@@ -168,6 +175,8 @@ def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, An
         params["include_stop_str_in_output"] = True
     if req.HasField("logprobs"):
         params["logprobs"] = req.logprobs.top_logprobs
+    if req.HasField("prompt_logprobs"):
+        params["prompt_logprobs"] = req.prompt_logprobs
     return params
 
 
@@ -181,6 +190,43 @@ def request_field_path(field_name: str | None, kind: str | None) -> str | None:
     return _REQUEST_FIELD_PATHS.get(field_name, field_name)
 
 
+def embed_inputs(req: llm_pb2.EmbedRequest) -> list[EmbedInput]:
+    """The inputs of an EmbedRequest; errors name each as `inputs[i].text` / `.token_ids`."""
+    inputs = []
+    for i, inp in enumerate(req.inputs):
+        kind = inp.WhichOneof("input")
+        if kind is None:
+            raise InvalidRequestError(f"inputs[{i}]", f"inputs[{i}] must set text or token_ids")
+        path = f"inputs[{i}].{kind}"
+        value = inp.text if kind == "text" else list(inp.token_ids.ids)
+        inputs.append(EmbedInput(value, path, path))
+    return inputs
+
+
+def embed_options(req: llm_pb2.EmbedRequest) -> EmbedOptions:
+    """Pooling, normalization and truncation of an EmbedRequest (unset: the HTTP defaults)."""
+    if req.pooling_type not in _POOLING_TYPES:
+        raise InvalidRequestError(
+            "pooling_type", f"pooling_type {req.pooling_type} is not a PoolingType value"
+        )
+    normalize = req.normalize if req.HasField("normalize") else None
+    truncate = req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
+    return EmbedOptions(embeddings.pooling(_POOLING_TYPES[req.pooling_type], normalize), truncate)
+
+
+def embed_response(
+    finals: list[RequestOutput], request_id: str, model: str
+) -> llm_pb2.EmbedResponse:
+    """The Embed answer from each input's final output, in input order."""
+    resp = llm_pb2.EmbedResponse(request_id=request_id, model=model)
+    for i, out in enumerate(finals):
+        resp.embeddings.add(index=i, values=embeddings.embedding_of(out, i))
+    tokens = sum(embeddings.prompt_tokens(out) for out in finals)
+    resp.usage.prompt_tokens = tokens
+    resp.usage.total_tokens = tokens
+    return resp
+
+
 @dataclass(frozen=True)
 class ResponseContext:
     """Per-request constants of the responses: ids, and how to render logprobs."""
@@ -190,6 +236,10 @@ class ResponseContext:
     top_logprobs: int = 0  # alternatives per position (the request's LogprobsOptions)
     token_text: TokenText | None = None  # token id -> its text; None leaves `token` empty
     tools: ToolUse | None = None  # chat tools: the output is read for calls when they parse
+    # GenerateRequest.prompt_logprobs (alternatives per prompt position; None: not asked) and
+    # the prompt they score (a streamed output does not repeat it).
+    prompt_logprobs: int | None = None
+    prompt_token_ids: tuple[int, ...] = ()
 
     def tool_parser(self) -> ToolCallParser | None:
         if self.tools is None or not self.tools.parses:
@@ -204,6 +254,7 @@ class StreamState:
     finished: set[int] = field(default_factory=set)
     parsers: dict[int, ToolCallParser | None] = field(default_factory=dict)  # per sample
     calls: dict[int, int] = field(default_factory=dict)  # tool calls sent per sample
+    prompt_logprobs_sent: bool = False
 
 
 def stream_response(
@@ -228,9 +279,11 @@ def stream_response(
         _add_calls(dst, c, calls, state.calls.get(c.index, 0))
         if newly_finished:
             state.finished.add(c.index)
+    if not state.prompt_logprobs_sent:  # the first output once the prompt is done has them
+        state.prompt_logprobs_sent = add_prompt_logprobs(resp, out, ctx)
     if out.finished:
         resp.usage.CopyFrom(usage(out))
-    elif not resp.completions:
+    elif not (resp.completions or resp.prompt_logprobs):
         return None
     return resp
 
@@ -238,6 +291,7 @@ def stream_response(
 def final_response(out: RequestOutput, ctx: ResponseContext) -> llm_pb2.GenerateResponse:
     """The Generate response: every sample's whole text, from the last (finished) output."""
     resp = llm_pb2.GenerateResponse(request_id=ctx.request_id, model=ctx.model, usage=usage(out))
+    add_prompt_logprobs(resp, out, ctx)
     for c in sorted(out.outputs, key=lambda c: c.index):
         text, calls = c.text, []
         parser = ctx.tool_parser()
@@ -247,6 +301,22 @@ def final_response(out: RequestOutput, ctx: ResponseContext) -> llm_pb2.Generate
         _fill(dst, c, text, c.token_ids, c.logprobs, ctx)
         _add_calls(dst, c, calls, len(calls))
     return resp
+
+
+def add_prompt_logprobs(
+    resp: llm_pb2.GenerateResponse, out: RequestOutput, ctx: ResponseContext
+) -> bool:
+    """The prompt's tokens after the first (nothing predicts the first), each with its
+    alternatives, when asked for and `out` has them; whether it added them."""
+    if ctx.prompt_logprobs is None or out.prompt_logprobs is None:
+        return False
+    ids = out.prompt_token_ids or ctx.prompt_token_ids
+    resp.prompt_logprobs.extend(
+        token_logprob(tid, lp, ctx.prompt_logprobs, ctx.token_text)
+        for tid, lp in zip(ids[1:], out.prompt_logprobs[1:], strict=False)
+        if lp is not None
+    )
+    return True
 
 
 def _split(events: list[str | ToolCall]) -> tuple[str, list[ToolCall]]:

@@ -8,7 +8,9 @@ request is checked here into the engine's own types (prompt tokenized, chat thro
 template, SamplingParams, tools and output constraint, token ids checked against the served
 model) and sent to LLMServer as a GenerateRequest through the shared LLMClient, so the
 prefix-affinity router and the engine see identical requests from both APIs, and errors
-have the same status on both (cluster.errors.as_kvray_error).
+have the same status on both (cluster.errors.as_kvray_error). Embed reads its inputs with
+the shared embedding preparation (cluster/ingress/embeddings.py), as POST /v1/embeddings does,
+and runs one engine request per input, concurrently.
 
 Cancellation: grpc.aio cancels the handler task when the client cancels or disconnects; the
 LLMClient stream is closed with it, which cancels the Serve call, which Ray Serve delivers to
@@ -33,6 +35,7 @@ from cluster.config import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv
+from cluster.ingress import embeddings
 from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
@@ -62,7 +65,7 @@ def status_for(exc: BaseException, input_kind: str | None = None) -> tuple[grpc.
 
 
 class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
-    """The four RPCs. `llm` is a DeploymentHandle to LLMServer."""
+    """The RPCs. `llm` is a DeploymentHandle to LLMServer."""
 
     def __init__(
         self,
@@ -92,13 +95,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     ) -> llm_pb2.GenerateResponse:
         async def body() -> llm_pb2.GenerateResponse:
             llm_req, ctx = await self._prepare(request, stream=False)
-            last: RequestOutput | None = None
-            async with contextlib.aclosing(self._client.generate(llm_req)) as outs:
-                async for out in outs:
-                    last = out
-            if last is None:
-                raise KvrayError("the engine returned no output")
-            return conv.final_response(last, ctx)
+            return conv.final_response(await self._final(llm_req), ctx)
 
         return await self._rpc(context, body, conv.input_kind(request))
 
@@ -146,6 +143,21 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
 
         return await self._rpc(context, body)
 
+    async def Embed(
+        self, request: llm_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.EmbedResponse:
+        async def body() -> llm_pb2.EmbedResponse:
+            conv.check_model(request.model, self._served_model)
+            prepared = await embeddings.prepare(
+                self._preparer, conv.embed_inputs(request), conv.embed_options(request), "inputs"
+            )
+            client_id, engine_id = _request_ids(request.request_id)
+            self._checked(prepared.params)
+            finals = await self._finals(prepared.requests(engine_id))
+            return conv.embed_response(finals, client_id, self._served_model)
+
+        return await self._rpc(context, body)
+
     # -- helpers ---------------------------------------------------------------------------
 
     async def model_card(self) -> dict[str, Any]:
@@ -159,20 +171,47 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         conv.check_model(request.model, self._served_model)
         # "prompt" errors of the input check name the member the client set (see status_for).
         prepared = await self._preparer.prepare(conv.GenerateSource(request, stream=stream))
-        client_id = request.request_id or f"grpc-{uuid.uuid4().hex}"
-        # The engine's id is unique even when two clients send the same request_id;
-        # responses echo the client's.
-        engine_id = f"{client_id}-{uuid.uuid4().hex[:8]}" if request.request_id else client_id
+        client_id, engine_id = _request_ids(request.request_id)
+        self._checked(prepared.params)
         logprobs = request.HasField("logprobs")
+        prompt_logprobs = request.HasField("prompt_logprobs")
+        (llm_req,) = prepared.requests(engine_id)
         ctx = conv.ResponseContext(
             request_id=client_id,
             model=self._served_model,
             top_logprobs=request.logprobs.top_logprobs if logprobs else 0,
-            token_text=self._token_text if logprobs else None,
+            token_text=self._token_text if logprobs or prompt_logprobs else None,
             tools=prepared.tool_use,
+            prompt_logprobs=request.prompt_logprobs if prompt_logprobs else None,
+            prompt_token_ids=llm_req.input.prompt_token_ids if prompt_logprobs else (),
         )
-        (llm_req,) = prepared.requests(engine_id)
         return llm_req, ctx
+
+    async def _final(self, llm_req: GenerateRequest) -> RequestOutput:
+        """The last (finished) output of one engine request."""
+        last: RequestOutput | None = None
+        async with contextlib.aclosing(self._client.generate(llm_req)) as outs:
+            async for out in outs:
+                last = out
+        if last is None:
+            raise KvrayError("the engine returned no output")
+        return last
+
+    async def _finals(self, llm_reqs: list[GenerateRequest]) -> list[RequestOutput]:
+        """The final outputs of several engine requests run concurrently; the first failure
+        cancels the others (which aborts their engine requests)."""
+        tasks = [asyncio.ensure_future(self._final(r)) for r in llm_reqs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _checked(self, params: Any) -> None:
+        """Counts a request that passed the checks, by kind (kvray_router_requests_by_kind)."""
+        if self._metrics is not None:
+            self._metrics.checked("grpc", params)
 
     async def _rpc(
         self,
@@ -211,6 +250,13 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             self._metrics.rejected("queue_full")
         elif code is grpc.StatusCode.UNAUTHENTICATED:
             self._metrics.rejected("unauthenticated")
+
+
+def _request_ids(requested: str) -> tuple[str, str]:
+    """(the id responses echo, the engine's id): the client's id, or one chosen here. The
+    engine's id is unique even when two clients send the same request_id."""
+    client_id = requested or f"grpc-{uuid.uuid4().hex}"
+    return client_id, f"{client_id}-{uuid.uuid4().hex[:8]}" if requested else client_id
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:

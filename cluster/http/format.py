@@ -7,12 +7,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cluster.http import echo as echoes
 from cluster.http.tool_stream import ToolStream
 from cluster.ingress.token_text import TokenStrings
 from cluster.ingress.tool_calls import ToolCall, finish_reason
 from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:
+    from cluster.http.echo import PromptEcho
     from cluster.ingress.tools import ToolUse
 
 
@@ -25,10 +27,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def request_usage(outs: Sequence[RequestOutput]) -> dict[str, Any]:
-    """Usage summed over the finished outputs of one API request (one per prompt)."""
+def request_usage(outs: Sequence[RequestOutput], scoring_only: bool = False) -> dict[str, Any]:
+    """Usage summed over the finished outputs of one API request (one per prompt); a
+    scoring-only answer (echo, max_tokens 0) shows no completion tokens and counts none."""
     prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    completion = 0 if scoring_only else sum(len(c.token_ids) for o in outs for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in outs)
     return usage(prompt, completion, cached)
 
@@ -90,6 +93,8 @@ class Formatter:
         top_logprobs: int | None,
         tok: TokenStrings,
         tools: ToolUse | None = None,
+        echo: PromptEcho | None = None,
+        prompt_logprobs: int | None = None,
     ) -> None:
         self.kind = kind
         self.id = request_id
@@ -104,6 +109,19 @@ class Formatter:
         # Chat with tools (not tool_choice none): each choice's output is read for calls.
         self.tools = tools if tools is not None and tools.parses else None
         self._tool_streams: dict[int, ToolStream] = {}
+        # Completions' echo (cluster/http/echo.py); vLLM's prompt_logprobs field (top N).
+        self.echo = echo
+        self.prompt_logprobs = prompt_logprobs
+        self._prompt_lps: dict[int, Any] = {}  # streamed: each prompt's, once the engine sent them
+
+    @property
+    def scoring_only(self) -> bool:
+        return self.echo is not None and self.echo.scoring_only
+
+    def _computed_n(self) -> int:
+        """How many best tokens the engine ranked at each prompt position."""
+        echoed = self.top_logprobs if self.echo is not None else None
+        return max(n for n in (self.prompt_logprobs, echoed, 0) if n is not None)
 
     def _message(self, c: CompletionOutput) -> tuple[dict[str, Any], str | None]:
         """A chat choice's message and finish_reason (tool calls read out when asked for)."""
@@ -132,7 +150,9 @@ class Formatter:
             return None
         if self.kind == "chat":
             return chat_logprobs(ids, lps, self.top_logprobs, self.tok)
-        offset = self._offsets.get(index, 0)
+        # With echo the completion's text starts after the prompt's.
+        start = len(self.echo.texts[index // self.n]) if self.echo is not None else 0
+        offset = self._offsets.get(index, start)
         out = completion_logprobs(ids, lps, self.top_logprobs, self.tok, offset)
         self._offsets[index] = offset + sum(len(t) for t in out["tokens"])
         return out
@@ -157,25 +177,53 @@ class Formatter:
                         }
                     )
                 else:
-                    choices.append(
-                        {
-                            "index": index,
-                            "text": c.text,
-                            "logprobs": lps,
-                            "finish_reason": c.finish_reason,
-                        }
-                    )
+                    choices.append(self._completion_choice(p, out, c, index, lps))
         choices.sort(key=lambda ch: ch["index"])
         body = self._base("chat.completion" if self.kind == "chat" else "text_completion")
         body["choices"] = choices
-        body["usage"] = request_usage(outs)
+        body["usage"] = request_usage(outs, self.scoring_only)
+        if self.kind == "chat" and self.prompt_logprobs is not None and outs:
+            body["prompt_logprobs"] = self._vllm_prompt_logprobs(outs[0])
         return body
+
+    def _completion_choice(
+        self, p: int, out: RequestOutput, c: CompletionOutput, index: int, lps: Any
+    ) -> dict[str, Any]:
+        text, finish = c.text, c.finish_reason
+        if self.echo is not None:
+            prompt = self.echo.texts[p]
+            text = prompt if self.scoring_only else prompt + text
+            finish = self.echo.finish_reason(finish)
+            if self.top_logprobs is not None:
+                lps = self._echo_logprobs(p, out.prompt_logprobs, lps)
+        choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
+        if self.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(out)
+        return choice
+
+    def _echo_logprobs(self, p: int, prompt_lps: Any, completion: Any) -> dict[str, Any]:
+        """The prompt's logprobs, then (unless scoring only) the completion's."""
+        assert self.echo is not None and self.top_logprobs is not None
+        head = self.echo.logprobs(p, prompt_lps, self.top_logprobs, self.tok)
+        return echoes.join_logprobs(head, None if self.scoring_only else completion)
+
+    def _vllm_prompt_logprobs(self, out: RequestOutput) -> Any:
+        assert self.prompt_logprobs is not None
+        return echoes.vllm_prompt_logprobs(
+            out.prompt_token_ids,
+            out.prompt_logprobs,
+            self.prompt_logprobs,
+            self.tok,
+            self._computed_n(),
+        )
 
     # -- streaming -------------------------------------------------------------------------
 
     def chunks(self, out: RequestOutput, prompt_index: int = 0) -> list[str]:
         """SSE frames for one engine yield: one chunk per choice that changed."""
         frames = []
+        if out.prompt_logprobs is not None:  # the first output after the prompt has them
+            self._prompt_lps.setdefault(prompt_index, out.prompt_logprobs)
         for c in out.outputs:
             index = prompt_index * self.n + c.index
             if index in self._done:
@@ -183,6 +231,11 @@ class Formatter:
             finish = c.finish_reason
             if finish is not None:
                 self._done.add(index)
+            if self.echo is not None:
+                frame = self._echo_chunk(c, prompt_index, index)
+                if frame is not None:
+                    frames.append(frame)
+                continue
             with_lps = self.top_logprobs is not None and bool(c.delta_token_ids)
             first = self.kind == "chat" and index not in self._started
             # Nothing visible yet (e.g. bytes of a multi-byte character held back): skip.
@@ -212,6 +265,27 @@ class Formatter:
             body["choices"] = [choice]
             frames.append(sse(body))
         return frames
+
+    def _echo_chunk(self, c: CompletionOutput, p: int, index: int) -> str | None:
+        """A streamed completions choice with echo: its first chunk starts with the prompt
+        (and its logprobs); a scoring-only choice shows nothing of the sampled token."""
+        assert self.echo is not None
+        first = index not in self._started
+        self._started.add(index)
+        text = "" if self.scoring_only else c.delta_text
+        with_lps = self.top_logprobs is not None and bool(c.delta_token_ids)
+        with_lps = with_lps and not self.scoring_only
+        finish = self.echo.finish_reason(c.finish_reason)
+        if not (first or text or finish or with_lps):
+            return None
+        lps = self._logprobs(c, c.delta_token_ids, c.delta_logprobs, index) if with_lps else None
+        if first:
+            text = self.echo.texts[p] + text
+            if self.top_logprobs is not None:
+                lps = self._echo_logprobs(p, self._prompt_lps.get(p), lps)
+        body = self._base("text_completion")
+        body["choices"] = [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}]
+        return sse(body)
 
     def _tool_chunks(self, c: CompletionOutput, index: int, first: bool, lps: Any) -> list[str]:
         """A chat choice's frames when its output is read for tool calls: content and call
@@ -249,7 +323,7 @@ class Formatter:
     def usage_chunk(self, outs: Sequence[RequestOutput]) -> str:
         body = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         body["choices"] = []
-        body["usage"] = request_usage(outs)
+        body["usage"] = request_usage(outs, self.scoring_only)
         return sse(body)
 
 

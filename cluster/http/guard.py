@@ -18,11 +18,11 @@ any size. This ASGI middleware sits in front of the FastAPI app instead:
    behind the key, FastAPI's /docs, /redoc and /openapi.json included.
 2. A Content-Length over `max_body_bytes` is a 413 at once, unread. A body without one
    (chunked) is read up to the limit and is a 413 as soon as it passes it.
-3. A generation request (POST .../completions) beyond `max_in_flight` of them in this
-   ingress is a 429 + Retry-After at once, unread: more than the engine replicas can hold
-   or queue, which they would refuse anyway, only later. Refusing here costs the event
-   loop nothing, so a burst far past the caps neither slows the refusals nor the probes
-   (/health) that share this loop.
+3. A generation request (POST .../completions, .../responses) beyond `max_in_flight` of
+   them in this ingress is a 429 + Retry-After at once, unread: more than the engine
+   replicas can hold or queue, which they would refuse anyway, only later. Refusing here
+   costs the event loop nothing, so a burst far past the caps neither slows the refusals
+   nor the probes (/health) that share this loop.
 4. The body, now known to be within the limit, is replayed to the app in one message (the
    app buffers it whole anyway); later `receive` calls (the client's disconnect, which
    streaming responses watch for) go to the server.
@@ -48,6 +48,8 @@ LIVENESS_BODY = b'{"status":"ok"}'
 # Not paced: the readiness probe (it asks an engine replica, cheaply, and Kubernetes must see
 # it answer under load too).
 UNPACED_PATHS = frozenset({LIVENESS_PATH, "/ready"})
+# Generation routes (their path ends): what step 3 counts against max_in_flight.
+GENERATION_PATHS = ("/completions", "/responses")
 # Requests let on per turn of the event loop (step 0): each costs the loop up to a few
 # milliseconds (a generation request's parsing, checks and routing), so a turn stays in the
 # tens of milliseconds however many requests are waiting.
@@ -127,7 +129,7 @@ class RequestGuard:
         if declared > self.max_body_bytes:
             await send_error(send, RequestTooLargeError(self.max_body_bytes))
             return
-        counted = scope.get("method") == "POST" and path.endswith("/completions")
+        counted = scope.get("method") == "POST" and path.endswith(GENERATION_PATHS)
         if counted and self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             if self.metrics is not None:
                 self.metrics.rejected("queue_full")

@@ -39,6 +39,8 @@ from cluster.errors import (
     QueueTimeoutError,
 )
 from cluster.http import streams
+from cluster.http.echo import prompt_echo
+from cluster.http.embeddings import add_embeddings_route
 from cluster.http.format import Formatter
 from cluster.http.guard import RequestGuard
 from cluster.http.protocol import (
@@ -47,8 +49,11 @@ from cluster.http.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from cluster.http.responses_format import ResponsesFormatter
+from cluster.http.responses_route import add_responses_route
 from cluster.ingress import checks
 from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.embeddings import hidden_size
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prepare import Prepared, Preparer
@@ -74,6 +79,8 @@ class OpenAIIngress:
         self.model = config.model_name()
         tokenizer = Tokenizer.from_pretrained(resolve_model_dir(config))
         self.prompts = Prompts(tokenizer)
+        # What /v1/embeddings' `dimensions` must equal (cluster/ingress/embeddings.py).
+        self.embedding_size = hidden_size(resolve_model_dir(config))
         self.token_strings = TokenStrings.of(tokenizer)
         self.metrics = RouterMetrics()
         self.client = LLMClient(llm, config.max_migrations, self.metrics)
@@ -114,9 +121,17 @@ class OpenAIIngress:
         if self.draining:
             raise DrainingError()
 
-    async def run(self, fmt: Formatter, prepared: Prepared, include_usage: bool) -> Any:
+    async def run(
+        self,
+        fmt: Formatter | ResponsesFormatter,
+        prepared: Prepared,
+        include_usage: bool,
+        frames: Any = streams.sse_frames,
+    ) -> Any:
         """Starts one engine request per prompt, answers with JSON or an SSE stream (as the
-        SamplingParams' output kind says)."""
+        SamplingParams' output kind says); `frames` writes the stream (chat's and
+        completions' SSE chunks, or /v1/responses' events)."""
+        self.metrics.checked("http", prepared.params)
         outs = [self.client.generate(r) for r in prepared.requests(fmt.id)]
         try:
             # The first output of every prompt before answering: errors (400/429/503) become
@@ -132,7 +147,7 @@ class OpenAIIngress:
                 await streams.close_all(outs)
             return JSONResponse(fmt.response(finals))
         return StreamingResponse(
-            streams.sse_frames(fmt, outs, firsts, include_usage),
+            frames(fmt, outs, firsts, include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -259,6 +274,8 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             body.n,
             body.logprobs,
             ingress.token_strings,
+            echo=await prompt_echo(body, prepared, ingress.prompts),
+            prompt_logprobs=body.checked_prompt_logprobs(),
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 
@@ -278,6 +295,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             top,
             ingress.token_strings,
             tools=prepared.tool_use,
+            prompt_logprobs=body.checked_prompt_logprobs(),
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 
@@ -304,6 +322,8 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
         ids = ingress.prompts.token_ids(body.tokens, "tokens")
         return {"prompt": await ingress.prompts.decode(ids)}
 
+    add_responses_route(app, ingress)  # POST /v1/responses (cluster/http/responses_route.py)
+    add_embeddings_route(app, ingress)  # POST /v1/embeddings (cluster/http/embeddings.py)
     return app
 
 

@@ -4,7 +4,9 @@ Only requests are modelled: responses are plain dicts built in cluster/http/form
 is cheaper per streamed chunk. Unknown body fields are ignored (clients send `user`,
 `service_tier`, ...); known fields with bad values are rejected naming the field. vLLM's extra
 sampling fields (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids,
-skip_special_tokens, include_stop_str_in_output) are accepted because clients already send them.
+skip_special_tokens, include_stop_str_in_output, prompt_logprobs) are accepted because clients
+already send them; completions' `echo` (and `max_tokens: 0` with it) is answered by
+cluster/http/echo.py.
 Output constraints (`response_format`, vLLM's `structured_outputs` and `guided_*`) and chat
 tools are read by cluster/ingress/structured.py and cluster/ingress/tools.py, shared with gRPC.
 Each body is a `cluster.ingress.prepare.Source`: the shared preparation reads it, each part
@@ -21,7 +23,7 @@ from cluster.errors import InvalidRequestError
 from cluster.ingress import prepare, structured, tools
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.prepare import PromptInput
-from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from workers.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
 
 # JSON numbers and booleans only: in pydantic's lax mode `false` passed as 0, "1.5" as 1.5
 # and 1 as true, where the API's schema (and OpenAI's) says otherwise (the fuzz tests send them).
@@ -62,6 +64,9 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[Int] | None = None
     skip_special_tokens: Bool = True
     include_stop_str_in_output: Bool = False
+    # vLLM's: the log-probabilities of the prompt's tokens, each with the top N at its
+    # position (non-streamed answers only, as vLLM; docs/scoring.md).
+    prompt_logprobs: Int | None = None
     # Output constraints: OpenAI's, vLLM's, and vLLM's older names (at most one is set).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -106,6 +111,7 @@ class _SamplingFields(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options", "stream_options needs stream=true")
         params: dict[str, Any] = {
+            "prompt_logprobs": self.checked_prompt_logprobs(),
             "n": self.n,
             "seed": self.seed,
             "stop": self.stop,
@@ -130,6 +136,24 @@ class _SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def checked_prompt_logprobs(self) -> int | None:
+        """`prompt_logprobs` as the engine computes it: None when not asked, or when a stream
+        asks for 0 (accepted, like vLLM, but a stream never shows them)."""
+        n = self.prompt_logprobs
+        if n is None:
+            return None
+        if not 0 <= n <= MAX_LOGPROBS:
+            raise InvalidRequestError(
+                "prompt_logprobs", f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {n}"
+            )
+        if self.stream:
+            if n > 0:  # vLLM refuses them too: they would come only with the last chunk
+                raise InvalidRequestError(
+                    "prompt_logprobs", "prompt_logprobs is not available with stream=true"
+                )
+            return None
+        return n
 
 
 class CompletionRequest(_SamplingFields):
@@ -161,16 +185,30 @@ class CompletionRequest(_SamplingFields):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
+    @property
+    def scoring_only(self) -> bool:
+        """echo with max_tokens 0: the answer is the prompt and its logprobs, no completion."""
+        return self.echo and self.max_tokens == 0
+
     def sampling_kwargs(self) -> dict[str, Any]:
-        if self.echo:
-            raise InvalidRequestError("echo", "echo is not supported")
         if self.suffix:
             raise InvalidRequestError("suffix", "suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequestError("best_of", "best_of other than n is not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError(
+                "max_tokens", "max_tokens must be >= 1 (0 scores the prompt only, with echo=true)"
+            )
         params = self.common_params()
-        params["max_tokens"] = self.max_tokens
+        # Scoring only: the engine computes the prompt (it always samples at least one token,
+        # which the answer leaves out), as vLLM does.
+        params["max_tokens"] = 1 if self.scoring_only else self.max_tokens
         params["logprobs"] = self.logprobs
+        if self.echo and self.logprobs is not None:
+            # The echoed prompt's tokens carry logprobs like the completion's (the engine's
+            # own range check of `logprobs` names that field if it is out of range).
+            asked = params["prompt_logprobs"]
+            params["prompt_logprobs"] = max(self.logprobs, asked or 0)
         return params
 
 

@@ -7,6 +7,8 @@ labels: monitoring/README.md; the engine replicas' metrics are in cluster/replic
 
 from __future__ import annotations
 
+from typing import Any
+
 from cluster.errors import MIGRATION_CAUSES
 from cluster.ray_internals import record_zero
 
@@ -20,6 +22,9 @@ MIGRATION_RESUME_BUCKETS_S: tuple[float, ...] = (
 # and the rejection reasons the ingresses use.
 ROUTING_DECISIONS = ("affinity", "load", "fallback")
 REJECT_REASONS = ("queue_full", "queue_timeout", "unauthenticated")
+# What a checked request asks of the engines (`request_kind`), per protocol.
+REQUEST_KINDS = ("generation", "embedding", "scoring")
+PROTOCOLS = ("http", "grpc")
 # Answers the alert rules compute ratios from (success, overload, server error), per protocol:
 # HTTP status codes and gRPC status names.
 ALERTING_CODES = {
@@ -49,6 +54,12 @@ class RouterMetrics:
             "Requests rejected before reaching an engine, by reason.",
             tag_keys=("reason",),
         )
+        self._kinds = Counter(
+            "kvray_router_requests_by_kind_total",
+            "API requests checked and sent to the engines, by protocol and kind "
+            "(generation, embedding, scoring); one per request, however many prompts it has.",
+            tag_keys=("protocol", "kind"),
+        )
         self._migrations = Counter(
             "kvray_request_migrations_total",
             "Requests moved to another replica because theirs died, by cause.",
@@ -69,9 +80,16 @@ class RouterMetrics:
         for protocol, codes in ALERTING_CODES.items():
             for code in codes:
                 record_zero(self._requests, {"protocol": protocol, "code": code})
+        for protocol in PROTOCOLS:
+            for kind in REQUEST_KINDS:
+                record_zero(self._kinds, {"protocol": protocol, "kind": kind})
 
     def request(self, protocol: str, code: str) -> None:
         self._requests.inc(tags={"protocol": protocol, "code": str(code)})
+
+    def checked(self, protocol: str, params: Any) -> None:
+        """A request passed the ingress's checks; `params`: its SamplingParams."""
+        self._kinds.inc(tags={"protocol": protocol, "kind": request_kind(params)})
 
     def routing(self, decision: str) -> None:
         self._routing.inc(tags={"decision": decision})
@@ -84,3 +102,13 @@ class RouterMetrics:
 
     def migration_resumed(self, seconds: float) -> None:
         self._migration_resume.observe(seconds)
+
+
+def request_kind(params: Any) -> str:
+    """What a request's SamplingParams ask of the engine: an embedding (pooling), scoring
+    (the prompt's own logprobs, e.g. echo with logprobs), or generation."""
+    if getattr(params, "pooling", None) is not None:
+        return "embedding"
+    if getattr(params, "prompt_logprobs", None) is not None:
+        return "scoring"
+    return "generation"

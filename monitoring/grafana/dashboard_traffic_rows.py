@@ -109,6 +109,19 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
                 unit="reqps",
             ),
             Panel(
+                "Requests by kind",
+                "Requests that passed the ingresses' checks, per second, by kind: generation, "
+                "embedding (/v1/embeddings, Embed) and scoring (prompt logprobs, e.g. echo with "
+                "logprobs).",
+                (
+                    Target(
+                        rate("ray_kvray_router_requests_by_kind_total", by="kind"),
+                        "{{kind}}",
+                    ),
+                ),
+                unit="reqps",
+            ),
+            Panel(
                 "Finished requests by reason",
                 "Requests leaving the engines per second: stop (EOS / stop sequence), length "
                 "(max_tokens), abort (client went away or cancelled).",
@@ -128,7 +141,7 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
                 + quantiles(
                     "ray_kvray_request_generation_tokens", M, (0.5, 0.99), name="generation"
                 ),
-                width=12,
+                width=8,
                 soft_min=0,
             ),
             Panel(
@@ -136,7 +149,7 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
                 "Median and p99 tokens each engine step processes (prefill chunks plus one per "
                 "decoding request): how full the batches are.",
                 quantiles("ray_kvray_iteration_tokens", M, (0.5, 0.99)),
-                width=12,
+                width=8,
             ),
         ),
     ),

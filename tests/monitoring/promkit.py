@@ -46,6 +46,7 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_grammar_cache_hits_total": "counter",
     "kvray_grammar_compile_seconds": "histogram",
     "kvray_router_requests_total": "counter",
+    "kvray_router_requests_by_kind_total": "counter",
     "kvray_router_routing_total": "counter",
     "kvray_router_rejected_total": "counter",
     "kvray_request_migrations_total": "counter",

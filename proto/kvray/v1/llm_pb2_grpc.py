@@ -60,6 +60,11 @@ class LLMServiceStub:
                 request_serializer=kvray_dot_v1_dot_llm__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=kvray_dot_v1_dot_llm__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/kvray.v1.LLMService/Embed',
+                request_serializer=kvray_dot_v1_dot_llm__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=kvray_dot_v1_dot_llm__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class LLMServiceServicer:
@@ -100,6 +105,14 @@ class LLMServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embed returns one vector per input: the model's final hidden states of the input's
+        tokens, pooled (as the HTTP API's POST /v1/embeddings).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LLMServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +135,11 @@ def add_LLMServiceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=kvray_dot_v1_dot_llm__pb2.ListModelsRequest.FromString,
                     response_serializer=kvray_dot_v1_dot_llm__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=kvray_dot_v1_dot_llm__pb2.EmbedRequest.FromString,
+                    response_serializer=kvray_dot_v1_dot_llm__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -238,6 +256,33 @@ class LLMService:
             '/kvray.v1.LLMService/ListModels',
             kvray_dot_v1_dot_llm__pb2.ListModelsRequest.SerializeToString,
             kvray_dot_v1_dot_llm__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvray.v1.LLMService/Embed',
+            kvray_dot_v1_dot_llm__pb2.EmbedRequest.SerializeToString,
+            kvray_dot_v1_dot_llm__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from cluster.grpc_api.client import (
+    build_embed_request,
     build_generate_request,
     build_tokenize_request,
     completion_text,
+    embedding_vectors,
 )
 from kvray.v1 import llm_pb2
 
@@ -47,3 +49,31 @@ def test_completion_text_picks_by_index() -> None:
     )
     assert completion_text(resp) == "a" and completion_text(resp, 1) == "b"
     assert completion_text(llm_pb2.GenerateResponse()) == ""
+
+
+def test_embed_requests() -> None:
+    one = build_embed_request("hi")
+    assert [i.WhichOneof("input") for i in one.inputs] == ["text"]
+    assert not one.HasField("normalize") and not one.HasField("truncate_prompt_tokens")
+    assert one.pooling_type == llm_pb2.POOLING_TYPE_UNSPECIFIED
+    ids = build_embed_request([1, 2])  # one token-id input, not two
+    assert [list(i.token_ids.ids) for i in ids.inputs] == [[1, 2]]
+    both = build_embed_request(
+        ["a", [3]], pooling_type="MEAN", normalize=False, truncate_prompt_tokens=-1, model="m"
+    )
+    assert [i.WhichOneof("input") for i in both.inputs] == ["text", "token_ids"]
+    assert both.pooling_type == llm_pb2.POOLING_TYPE_MEAN and both.model == "m"
+    assert both.HasField("normalize") and not both.normalize
+    assert both.truncate_prompt_tokens == -1
+    with pytest.raises(ValueError, match="pooling_type"):
+        build_embed_request("hi", pooling_type="cls")
+
+
+def test_embedding_vectors_in_input_order() -> None:
+    resp = llm_pb2.EmbedResponse(
+        embeddings=[
+            llm_pb2.Embedding(index=1, values=[2.0]),
+            llm_pb2.Embedding(index=0, values=[1.0]),
+        ]
+    )
+    assert embedding_vectors(resp) == [[1.0], [2.0]]

@@ -13,11 +13,12 @@ from cluster.errors import (
     QueueFullError,
 )
 from cluster.grpc_api import convert as conv
-from cluster.grpc_api.client import build_generate_request
+from cluster.grpc_api.client import build_embed_request, build_generate_request
 from cluster.grpc_api.servicer import status_for
 from cluster.http.protocol import ChatCompletionRequest, CompletionRequest
 from kvray.v1 import llm_pb2
 from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
+from workers.pooling import Pooling
 
 
 def _params(req: llm_pb2.GenerateRequest) -> dict:
@@ -249,3 +250,48 @@ def test_logprobs_keep_the_chosen_token_and_the_top_n() -> None:
     assert lp.token_id == 9 and lp.token == "<9>" and lp.logprob == pytest.approx(-3.0)
     assert [(t.token_id, t.token) for t in lp.top_logprobs] == [(4, "<4>"), (5, "<5>")]
     assert conv.token_logprob(4, position, 0).top_logprobs == []
+
+
+# -- Embed -------------------------------------------------------------------------------------
+
+
+def test_embed_inputs_and_options() -> None:
+    req = build_embed_request(["a", [1, 2]], pooling_type="mean", truncate_prompt_tokens=8)
+    inputs = conv.embed_inputs(req)
+    assert [(i.value, i.param, i.label) for i in inputs] == [
+        ("a", "inputs[0].text", "inputs[0].text"),
+        ([1, 2], "inputs[1].token_ids", "inputs[1].token_ids"),
+    ]
+    options = conv.embed_options(req)
+    assert options.pooling == Pooling("mean", True) and options.truncate_prompt_tokens == 8
+    unset = conv.embed_options(build_embed_request("a"))
+    assert unset.pooling == Pooling("last", True) and unset.truncate_prompt_tokens is None
+    assert conv.embed_options(build_embed_request("a", normalize=False)).pooling.normalize is False
+
+
+def test_bad_embed_fields_are_named() -> None:
+    req = llm_pb2.EmbedRequest(inputs=[llm_pb2.EmbedInput(text="a"), llm_pb2.EmbedInput()])
+    with pytest.raises(InvalidRequestError) as err:
+        conv.embed_inputs(req)
+    assert err.value.field == "inputs[1]"
+    with pytest.raises(InvalidRequestError) as err:
+        conv.embed_options(llm_pb2.EmbedRequest(pooling_type=7))  # type: ignore[arg-type]
+    assert err.value.field == "pooling_type"
+    code, details = status_for(InvalidRequestError("inputs[1].text", "inputs[1].text is empty"))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and details.startswith("inputs[1].text: ")
+
+
+def test_embed_response() -> None:
+    stop = CompletionOutput(0, finish_reason="stop")
+    finals = [
+        RequestOutput("r-0", None, [1, 2], [stop], finished=True, embedding=[0.5, -0.5]),
+        RequestOutput("r-1", None, [3], [stop], finished=True, embedding=[1.0, 0.0]),
+    ]
+    resp = conv.embed_response(finals, "r", "kvray-demo")
+    assert (resp.request_id, resp.model) == ("r", "kvray-demo")
+    assert [(e.index, list(e.values)) for e in resp.embeddings] == [
+        (0, [0.5, -0.5]),
+        (1, [1.0, 0.0]),
+    ]
+    assert (resp.usage.prompt_tokens, resp.usage.total_tokens) == (3, 3)
+    assert resp.usage.completion_tokens == 0

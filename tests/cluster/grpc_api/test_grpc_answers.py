@@ -111,6 +111,24 @@ def test_logprobs_equal_the_http_api(client: KvrayClient, openai_client: Any) ->
     assert [lp for p in streamed for s in p.completions for lp in s.logprobs] == list(c.logprobs)
 
 
+def test_prompt_logprobs_equal_the_http_api(client: KvrayClient, openai_client: Any) -> None:
+    reply = client.generate(PROMPTS[0], max_tokens=1, prompt_logprobs=1)
+    http = openai_client.completions.create(
+        model="kvray-demo", prompt=PROMPTS[0], max_tokens=1, extra_body={"prompt_logprobs": 1}
+    )
+    want = http.choices[0].model_extra["prompt_logprobs"]
+    # gRPC leaves out the first prompt token (nothing predicts it); HTTP answers it null.
+    assert want[0] is None and len(reply.prompt_logprobs) == len(want) - 1 > 0
+    for got, entry in zip(reply.prompt_logprobs, want[1:], strict=True):
+        assert got.logprob == pytest.approx(entry[str(got.token_id)]["logprob"], abs=1e-6)
+        top = [int(t) for t, e in entry.items() if e["rank"] == 1]
+        assert [t.token_id for t in got.top_logprobs] == top
+    # Streamed: once, on the first message that has them.
+    pieces = list(client.generate_stream(PROMPTS[0], max_tokens=4, prompt_logprobs=1))
+    sent = [list(p.prompt_logprobs) for p in pieces if p.prompt_logprobs]
+    assert sent == [list(reply.prompt_logprobs)]
+
+
 # -- structured outputs and tool calls -----------------------------------------------------------
 
 ITEM = {

@@ -74,7 +74,8 @@ def test_service_shape() -> None:
     assert fd.package == "kvray.v1"
     service = fd.services_by_name["LLMService"]
     methods = {m.name: m for m in service.methods}
-    assert set(methods) == {"Generate", "GenerateStream", "Tokenize", "ListModels"}
+    assert set(methods) == {"Generate", "GenerateStream", "Tokenize", "ListModels", "Embed"}
+    assert not methods["Embed"].server_streaming
     assert not methods["Generate"].server_streaming
     assert methods["GenerateStream"].server_streaming
     assert methods["GenerateStream"].input_type is methods["Generate"].input_type
@@ -93,6 +94,7 @@ def test_sampling_fields_cover_the_http_api() -> None:
     http |= (
         ChatCompletionRequest(messages=[{"role": "user", "content": "x"}]).sampling_kwargs().keys()
     )
-    # logprobs is its own message (LogprobsOptions) in the gRPC request.
-    assert set(http) - {"logprobs"} <= grpc_fields
-    assert "logprobs" in llm_pb2.GenerateRequest.DESCRIPTOR.fields_by_name
+    # logprobs is its own message (LogprobsOptions) in the gRPC request, prompt_logprobs a
+    # field of the request (its answer is the response's, not a completion's).
+    assert set(http) - {"logprobs", "prompt_logprobs"} <= grpc_fields
+    assert {"logprobs", "prompt_logprobs"} <= set(llm_pb2.GenerateRequest.DESCRIPTOR.fields_by_name)

@@ -63,10 +63,12 @@ OPERATIONS = {
     ("GET", "/health"): 2,
     ("GET", "/ready"): 2,
     ("GET", "/v1/models"): 2,
-    # Most random completion bodies are refused (echo, suffix, best_of != n, an empty
+    # Most random completion bodies are refused (suffix, best_of != n, an empty
     # prompt, ids past the vocabulary...): enough examples that some reach the engine.
     ("POST", "/v1/completions"): 100,
     ("POST", "/v1/chat/completions"): 50,
+    ("POST", "/v1/responses"): 50,
+    ("POST", "/v1/embeddings"): 30,
     ("POST", "/tokenize"): 30,
     ("POST", "/detokenize"): 30,
 }
@@ -96,12 +98,16 @@ def _auth(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def cap_cost(body: Any) -> None:
+# The fields bounding a body's generation, by route (/v1/responses refuses the others).
+TOKEN_FIELDS = {"/v1/responses": ("max_output_tokens",)}
+
+
+def cap_cost(body: Any, path: str = "") -> None:
     """Caps the generation a body asks for, in place; values of other types are left for the
     server to refuse."""
     if not isinstance(body, dict):
         return
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in TOKEN_FIELDS.get(path, ("max_tokens", "max_completion_tokens")):
         value = body.get(field)
         if field not in body or (_is_int(value) and value > MAX_TOKENS):
             body[field] = MAX_TOKENS  # chat's default is the whole context: never leave it
@@ -155,7 +161,7 @@ def test_fuzzed_requests(
     @settings(FUZZ, max_examples=OPERATIONS[(method, path)])
     @given(case=operation.as_strategy(generation_mode=mode))
     def fuzz(case: Any) -> None:
-        cap_cost(case.body)
+        cap_cost(case.body, path)
         response = case.call(
             base_url=kvray_app.base_url,
             headers=_auth(kvray_app.api_key),
@@ -183,7 +189,7 @@ def test_fuzzed_requests_without_the_key(
     @settings(FUZZ, max_examples=3)
     @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
     def fuzz(case: Any) -> None:
-        cap_cost(case.body)
+        cap_cost(case.body, path)
         for key in (None, "wrong-key"):
             response = case.call(
                 base_url=kvray_app.base_url, headers=_auth(key), timeout=RESPONSE_TIMEOUT_S

@@ -186,3 +186,31 @@ def test_the_ingress_cap_is_what_the_replicas_can_hold() -> None:
     assert one.ingress_max_in_flight() == 2 * 256 + 128
     scaled = ServeConfig(min_replicas=0, max_replicas=3, ingress_replicas=2)
     assert scaled.ingress_max_in_flight() == -(-(4 * 256 + 128) // 2)
+
+
+def test_responses_requests_count_against_the_cap_too() -> None:
+    """POST /v1/responses is a generation request: one held fills a cap of 1, so the next
+    generation request (either route) is a 429, while other routes still reach the app."""
+    gate = asyncio.Event()
+
+    async def slow_app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["path"].endswith("/responses"):
+            await gate.wait()
+        await echo_app(scope, receive, send)
+
+    async def main() -> list[int]:
+        guard = RequestGuard(slow_app, ApiKeyAuth(None), LIMIT, max_in_flight=1)
+        held = Call([b"{}"], {}, path="/v1/responses")
+        task = asyncio.create_task(guard(held.scope, held.receive, held.send))
+        await asyncio.sleep(0.05)
+        assert guard.in_flight == 1
+        calls = [Call([b"{}"], {}, path=p) for p in ("/v1/responses", "/v1/completions")]
+        calls.append(Call([b"{}"], {}, path="/tokenize"))
+        for c in calls:
+            await guard(c.scope, c.receive, c.send)
+        gate.set()
+        await task
+        assert guard.in_flight == 0
+        return [c.sent[0]["status"] for c in (*calls, held)]
+
+    assert asyncio.run(main()) == [429, 429, 200, 200]

@@ -201,7 +201,7 @@ def test_include_usage_and_cached_prompt_tokens(client: openai.OpenAI, demo_dir:
         ("/v1/completions", {"prompt": [10**7]}, "prompt"),
         ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt"),
         ("/v1/completions", {}, "prompt"),
-        ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 21}, "prompt_logprobs"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
         ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),

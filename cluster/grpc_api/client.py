@@ -42,6 +42,7 @@ def build_generate_request(
     tool_choice: str | Mapping[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
     prompt_logprobs: int | None = None,
+    priority: int = 0,
     **sampling: Any,
 ) -> llm_pb2.GenerateRequest:
     """A GenerateRequest from Python values.
@@ -54,14 +55,15 @@ def build_generate_request(
     `prompt_logprobs` (0-20 alternatives) for the prompt tokens' (response.prompt_logprobs).
     `tools` (OpenAI tool dicts), `tool_choice` ("auto", "none", "required", or a function
     name as {"name": ...} or OpenAI's {"type": "function", "function": {"name": ...}}) and
-    `parallel_tool_calls` go with `messages`.
+    `parallel_tool_calls` go with `messages`. `priority`: the queue priority, lower is more
+    urgent.
     """
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt and messages")
     unknown = sorted(set(sampling) - SAMPLING_FIELDS)
     if unknown:
         raise TypeError(f"unknown sampling option(s): {', '.join(unknown)}")
-    req = llm_pb2.GenerateRequest(model=model, request_id=request_id)
+    req = llm_pb2.GenerateRequest(model=model, request_id=request_id, priority=priority)
     if messages is not None:
         req.chat.CopyFrom(chat_messages(messages, tools, tool_choice, parallel_tool_calls))
     elif tools or tool_choice is not None or parallel_tool_calls is not None:

@@ -120,6 +120,10 @@ class GenerateSource:
     def parameters_field(self, index: int) -> str:
         return f"chat.tools[{index}].parameters_json"
 
+    @property
+    def priority(self) -> int:
+        return self.req.priority
+
     def prompt_input(self, limits: RequestLimits) -> PromptInput:
         return prompt_of(self.req, limits)
 

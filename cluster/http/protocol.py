@@ -4,8 +4,8 @@ Only requests are modelled: responses are plain dicts built in cluster/http/form
 is cheaper per streamed chunk. Unknown body fields are ignored (clients send `user`,
 `service_tier`, ...); known fields with bad values are rejected naming the field. vLLM's extra
 sampling fields (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids,
-skip_special_tokens, include_stop_str_in_output, prompt_logprobs) are accepted because clients
-already send them; completions' `echo` (and `max_tokens: 0` with it) is answered by
+skip_special_tokens, include_stop_str_in_output, prompt_logprobs) and `priority` are accepted
+because clients already send them; completions' `echo` (and `max_tokens: 0` with it) is answered by
 cluster/http/echo.py.
 Output constraints (`response_format`, vLLM's `structured_outputs` and `guided_*`) and chat
 tools are read by cluster/ingress/structured.py and cluster/ingress/tools.py, shared with gRPC.
@@ -64,6 +64,8 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[Int] | None = None
     skip_special_tokens: Bool = True
     include_stop_str_in_output: Bool = False
+    # vLLM's: the engine's queue priority, lower is more urgent (docs/serving.md).
+    priority: Int = 0
     # vLLM's: the log-probabilities of the prompt's tokens, each with the top N at its
     # position (non-streamed answers only, as vLLM; docs/scoring.md).
     prompt_logprobs: Int | None = None

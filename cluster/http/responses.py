@@ -75,6 +75,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None  # prefix caching needs no key
+    priority: Int = 0  # vLLM's: the engine's queue priority, lower is more urgent
 
     def check_fields(self) -> None:
         """400 naming the first field kvray does not act on (module doc)."""

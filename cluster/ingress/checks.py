@@ -46,11 +46,12 @@ def engine_input(
     prompt_token_ids: Sequence[int],
     params: SamplingParams,
     field: str = "prompt",
+    priority: int = 0,
 ) -> EngineInput:
     """The checked input, or InvalidRequestError naming `field` for prompt errors (or the
     parameter, e.g. max_tokens, when the parameter is what does not fit)."""
     try:
-        return checker.check(prompt_token_ids, params, field=field)
+        return checker.check(prompt_token_ids, params, field=field, priority=priority)
     except ValueError as err:
         invalid = invalid_from_value_error(err, default_field=field)
         if invalid.param == "prompt":  # the checker's generic name for the input

@@ -67,6 +67,11 @@ class Source(Protocol):
         """Where the tool at `index` holds its parameter schema."""
         ...
 
+    @property
+    def priority(self) -> int:
+        """The engine's queue priority: lower is more urgent (vLLM's extra field)."""
+        ...
+
     def prompt_input(self, limits: RequestLimits) -> PromptInput: ...
 
     def sampling_kwargs(self) -> dict[str, Any]:
@@ -161,7 +166,8 @@ class Preparer:
         token_ids = await self.token_ids(prompt, outputs.tool_use)
         checker = await self.client.input_checker()
         inputs = tuple(
-            checks.engine_input(checker, ids, params, prompt.checked_as) for ids in token_ids
+            checks.engine_input(checker, ids, params, prompt.checked_as, source.priority)
+            for ids in token_ids
         )
         return Prepared(params, inputs, outputs)
 

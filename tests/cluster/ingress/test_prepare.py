@@ -84,6 +84,13 @@ def test_both_apis_prepare_the_same_engine_input(preparer: Preparer) -> None:
     assert req.request_id == "chatcmpl-1" and req.input is http.inputs[0]
 
 
+def test_priority_reaches_the_engine_input_from_both_apis(preparer: Preparer) -> None:
+    http = _prepare(preparer, _http_chat(max_tokens=4, priority=-3))
+    grpc = _prepare(preparer, _grpc_chat(max_tokens=4, priority=-3))
+    assert http.inputs == grpc.inputs and http.inputs[0].priority == -3
+    assert _prepare(preparer, _http_chat(max_tokens=4)).inputs[0].priority == 0
+
+
 def test_a_completion_batch_is_one_input_per_prompt(preparer: Preparer) -> None:
     body = CompletionRequest(prompt=["Once upon", "a time"], max_tokens=4, stream=True)
     prepared = _prepare(preparer, body)

@@ -1,7 +1,8 @@
 """Admission by prompt tokens through the real server: with a replica's one sequence slot held
 by a long stream, long prompts queue up in its engine until the next one would pass
 max_queued_tokens: that one gets 429 + Retry-After naming the limit, while a short prompt that
-fits is still taken, and everything queued completes once the slot frees.
+fits is still taken, and everything queued completes once the slot frees. And priorities: the
+most urgent of the queued requests runs first.
 
 The engine sleeps before every step (workers/frontend/engine_process.py's test hook) and runs one
 sequence at a time, so the queue stays put while the test looks at it: each step is waited
@@ -132,3 +133,53 @@ def test_long_prompts_fill_the_token_queue_and_a_short_one_still_fits(queued_app
     (replica,) = wait_until_idle(queued_app, replicas=1).values()
     assert replica["kv_blocks_used"] == 0 and replica["queued_tokens"] == 0, replica
     assert json.dumps(replica)  # the stats travel as JSON (routing stats, benches)
+
+
+def test_the_most_urgent_queued_request_runs_first(queued_app: App) -> None:
+    """Priorities through the server (HTTP's `priority`, vLLM's field): with the slot held,
+    a less urgent request queues, then a more urgent one; once the slot frees, the urgent one
+    runs first although it came second."""
+    url = f"{queued_app.base_url}/v1/completions"
+    started, stop = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def holder() -> None:
+        body = _body(queued_app, 8, max_tokens=1000, ignore_eos=True, stream=True)
+        with httpx.stream("POST", url, json=body, timeout=CLIENT_TIMEOUT_S) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    started.set()
+                if stop.is_set():
+                    break
+        started.set()
+
+    def post(name: str, priority: int) -> threading.Thread:
+        def send() -> None:
+            body = _body(queued_app, SHORT, priority=priority)
+            r = httpx.post(url, json=body, timeout=CLIENT_TIMEOUT_S)
+            assert r.status_code == 200, r.text
+            done.append(name)
+
+        t = threading.Thread(target=send)
+        t.start()
+        return t
+
+    hold = threading.Thread(target=holder)
+    hold.start()
+    queued: list[threading.Thread] = []
+    try:
+        assert started.wait(CLIENT_TIMEOUT_S)
+        queued.append(post("later", 5))
+        _wait_for_engine_queue(queued_app, SHORT)
+        queued.append(post("urgent", -5))
+        _wait_for_engine_queue(queued_app, 2 * SHORT)
+    finally:
+        stop.set()
+        hold.join(CLIENT_TIMEOUT_S)
+        for t in queued:
+            t.join(CLIENT_TIMEOUT_S)
+    assert done == ["urgent", "later"]
+    bad = httpx.post(url, json=_body(queued_app, 8, priority="high"), timeout=CLIENT_TIMEOUT_S)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority", bad.text
+    big = httpx.post(url, json=_body(queued_app, 8, priority=2**31), timeout=CLIENT_TIMEOUT_S)
+    assert big.status_code == 400 and big.json()["error"]["param"] == "priority", big.text

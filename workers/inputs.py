@@ -12,7 +12,7 @@ which is how `cluster.errors.invalid_from_value_error` names the field.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from workers.outputs import TokenLogprobs
@@ -50,6 +50,10 @@ class EngineInput:
     # Lower is more urgent (vLLM's convention): orders the waiting queue and picks who is
     # preempted first (workers/core/scheduler.py).
     priority: int = 0
+    # Who sent it (the ingress names tenants; None: nobody in particular). The waiting queue
+    # takes tenants in turn within a priority level, so one tenant's burst cannot hold
+    # another's requests back (workers/core/scheduler.py).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,4 +182,4 @@ class InputChecker:
                     f"resume sample {i} needs one logprobs entry per output token ({len(out)})"
                 )
         ordered = tuple(sorted(samples, key=lambda s: s.index))
-        return EngineInput(inp.prompt_token_ids, p, inp.prompt, ordered, inp.priority)
+        return replace(inp, resume=ordered)

@@ -170,6 +170,7 @@ class LLMEngine:
                 params=p,
                 priority=inp.priority,
                 arrival_time=now,
+                tenant=inp.tenant,
             )
             seq.out = new_output_state(seq, self.tokenizer)
             r = resumed.get(i)

@@ -35,6 +35,7 @@ class Seq:
     # ages a waiting sequence's urgency (workers/core/scheduler.py).
     priority: int = 0
     arrival_time: float = 0.0
+    tenant: str | None = None  # the request's tenant: the waiting queue takes tenants in turn
     # n > 1: siblings wait for sequence 0's prefill, then reuse its cached prompt blocks.
     gate: Seq | None = None
     # What the workers already hold (the scheduler sends them only the difference).

@@ -8,13 +8,15 @@ sequence is preempted: its blocks are freed and it goes back to the front of the
 be recomputed later (reusing whatever the prefix cache still holds). A waiting sequence
 whose grammar is still compiling (constrained decoding) is passed over, not waited for.
 
-Priorities (`EngineInput.priority`, lower is more urgent): while every live sequence has the
-same priority, the order above is all there is (FIFO). Otherwise each step first orders the
-running sequences by priority (admission order within one), so the least urgent is the one
-preempted, and the waiting queue by urgency: its priority minus the seconds it has waited
-divided by `priority_aging_s`, arrival order within equal urgency. Aging bounds starvation: a
-request is overtaken by more urgent arrivals for at most (its priority - theirs) *
-priority_aging_s seconds.
+Priorities and tenants (`EngineInput.priority`, lower is more urgent; `EngineInput.tenant`):
+while every live sequence has the same priority and tenant, the order above is all there is
+(FIFO). Otherwise each step first orders the running sequences by priority (admission order
+within one), so the least urgent is the one preempted, and the waiting queue by level: its
+priority minus one for every `priority_aging_s` it has waited. Within a level tenants take
+turns (each tenant's first waiting sequence, then each one's second, ...; queue order within a
+turn), so a burst of one tenant does not hold another's requests back. Aging bounds
+starvation: a request is overtaken by more urgent arrivals for at most (its priority - theirs)
+* priority_aging_s seconds.
 
 A sequence the whole cache cannot hold never loops: once it needs more blocks than the cache
 has, or cannot grow (running) or be admitted (waiting) with every other block free, it is
@@ -25,6 +27,7 @@ common path.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,8 +53,10 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.num_preemptions = 0
-        # Live sequences per priority: orders are kept only while priorities differ.
+        # Live sequences per priority and per tenant: the waiting queue is reordered only
+        # while either differs among them.
         self._priorities: dict[int, int] = {}
+        self._tenants: dict[str | None, int] = {}
 
     def add(self, seq: Seq) -> None:
         capacity = self.bm.num_blocks * self.bm.block_size
@@ -61,16 +66,14 @@ class Scheduler:
                 f"({capacity} tokens); raise kv_cache_memory_bytes"
             )
         self.waiting.append(seq)
-        self._priorities[seq.priority] = self._priorities.get(seq.priority, 0) + 1
+        _count(self._priorities, seq.priority, 1)
+        _count(self._tenants, seq.tenant, 1)
 
     def remove(self, seq: Seq) -> None:
         """Drops a sequence (finished or aborted) and returns its blocks."""
         if seq.status is not SeqStatus.FINISHED:
-            left = self._priorities[seq.priority] - 1
-            if left:
-                self._priorities[seq.priority] = left
-            else:
-                del self._priorities[seq.priority]
+            _count(self._priorities, seq.priority, -1)
+            _count(self._tenants, seq.tenant, -1)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -95,21 +98,27 @@ class Scheduler:
         self.remove(seq)
         out.out_of_cache.append(seq)
 
-    def _order_by_priority(self, now: float) -> None:
-        """Running: by priority (stable, so admission order within one). Waiting: by aged
-        urgency (stable, so arrival order within equal urgency)."""
+    def _order(self, now: float) -> None:
+        """Running: by priority (stable: admission order within one). Waiting: by aged level,
+        then tenants' turns (stable: queue order within a turn); module doc."""
         self.running.sort(key=lambda s: s.priority)
         aging = self.config.priority_aging_s
-        self.waiting = deque(
-            sorted(self.waiting, key=lambda s: s.priority - (now - s.arrival_time) / aging)
-        )
+        turns: dict[tuple[int, str | None], int] = {}
+        keyed: list[tuple[int, int, Seq]] = []
+        for s in self.waiting:
+            level = s.priority - math.floor((now - s.arrival_time) / aging)
+            turn = turns.get((level, s.tenant), 0)
+            turns[(level, s.tenant)] = turn + 1
+            keyed.append((level, turn, s))
+        keyed.sort(key=lambda k: (k[0], k[1]))
+        self.waiting = deque(s for _, _, s in keyed)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[])
         now = time.monotonic()
-        if len(self._priorities) > 1:
-            self._order_by_priority(now)
+        if len(self._priorities) > 1 or len(self._tenants) > 1:
+            self._order(now)
         # 1. Running sequences, oldest admission first (most urgent first, when mixed).
         i = 0
         while i < len(self.running) and budget > 0:
@@ -171,3 +180,12 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
+
+
+def _count(counts: dict, key: object, delta: int) -> None:
+    """Adds `delta` to counts[key], dropping keys that reach 0."""
+    left = counts.get(key, 0) + delta
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

@@ -175,8 +175,9 @@ def test_priority_orders_the_queue_fifo_within_one(demo_dir) -> None:
 
 
 def test_a_waiting_request_ages_past_more_urgent_arrivals(demo_dir) -> None:
-    """Urgency is priority - waited / priority_aging_s: a priority-5 request that has waited
-    5 aging periods and a bit ranks before a fresh priority-0 one."""
+    """A waiting request's level is its priority minus one per priority_aging_s waited: a
+    priority-5 request that has waited 6 periods ranks before a fresh priority-0 one, one that
+    has waited 4 after it."""
     import time
 
     engine = LLMEngine.from_args(
@@ -190,9 +191,32 @@ def test_a_waiting_request_ages_past_more_urgent_arrivals(demo_dir) -> None:
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     now = time.monotonic()
     engine.add_prompt("fresh-urgent", _ids(8, 1), params, arrival_time=now, priority=0)
-    engine.add_prompt("old", _ids(8, 2), params, arrival_time=now - 11.0, priority=5)
+    engine.add_prompt("old", _ids(8, 2), params, arrival_time=now - 13.0, priority=5)
     engine.add_prompt("young", _ids(8, 3), params, arrival_time=now - 9.0, priority=5)
     assert _finish_order(engine) == ["old", "fresh-urgent", "young"]
+
+
+def test_tenants_take_turns_in_the_waiting_queue(demo_dir) -> None:
+    """One tenant's burst queued first does not hold another tenant's request back: within a
+    priority level tenants take turns; one tenant alone stays FIFO."""
+    from dataclasses import replace
+
+    engine = LLMEngine.from_args(
+        EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=16 << 20, max_num_seqs=1)
+    )
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    def add(rid: str, tenant: str, priority: int = 0) -> None:
+        inp = engine.input_checker.check(_ids(8, len(rid)), params, priority=priority)
+        engine.add_request(rid, replace(inp, tenant=tenant))
+
+    for i in range(4):
+        add(f"a{i}", "a")
+    add("b0", "b")
+    add("b1", "b")
+    add("c0", "c", priority=-1)  # more urgent: before every turn of level 0
+    assert _finish_order(engine) == ["c0", "a0", "b0", "a1", "b1", "a2", "a3"]
+    assert engine.scheduler._tenants == {} and engine.scheduler._priorities == {}
 
 
 def test_the_least_urgent_running_sequence_is_preempted_first(demo_dir) -> None:

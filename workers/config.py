@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from workers.compile_config import CompilationConfig
+from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    *MOE_ARCHITECTURES,
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -88,6 +90,7 @@ class ModelConfig:
     checkpoint_dtype: str = "float32"
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    moe: MoeConfig | None = None  # mixture-of-experts MLPs (workers/moe_config.py)
 
     def kv_heads_per_rank(self, tp_size: int) -> int:
         """KV heads split across ranks; replicated when there are more ranks than KV heads."""
@@ -118,6 +121,8 @@ class ModelConfig:
                 f"tensor_parallel_size ({tp_size})"
             )
         self.kv_heads_per_rank(tp_size)
+        if self.moe is not None:
+            self.moe.check_tensor_parallel(tp_size)
 
     @staticmethod
     def from_pretrained(path: str | Path) -> ModelConfig:
@@ -149,7 +154,9 @@ class ModelConfig:
         head_dim = cfg.get("head_dim") or hidden // heads
         raw_dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
         sliding = cfg.get("sliding_window")
-        if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+        if arch in ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM") and not cfg.get(
+            "use_sliding_window", False
+        ):
             sliding = None
         return ModelConfig(
             path=str(path),
@@ -166,11 +173,12 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama/Qwen3 have them only with attention_bias.
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             rope=RopeConfig.from_hf(cfg),
             checkpoint_dtype=_DTYPES.get(raw_dtype.replace("torch.", ""), "float32"),
             sliding_window=int(sliding) if sliding else None,
             eos_token_ids=_eos_ids(path, cfg),
+            moe=MoeConfig.from_hf(arch, cfg, int(cfg["num_hidden_layers"])),
         )
 
 

@@ -25,8 +25,8 @@ costs exceed what they save on small steps (measured: workers/compile_sizes.py).
 only the decode graphs run compiled (`CompilationConfig.graphs_only`): measured on an H200,
 the graphs won 2.3-5x per decode step, while the pieces called directly lost to eager.
 
-Not covered: TP > 1 (the row-parallel all-reduce sits inside the post-attention piece) runs
-eagerly.
+Not covered: TP > 1 (the row-parallel all-reduce sits inside the post-attention piece) and
+mixture-of-experts models (the experts' groups depend on the routing) run eagerly.
 """
 
 from __future__ import annotations
@@ -205,6 +205,11 @@ def compile_model(
         # The row-parallel all-reduce sits inside the post-attention piece; compiling through
         # a gloo/NCCL call is not supported here yet.
         log.warning("compile: tensor_parallel_size %d > 1 runs the eager forward", tp_size)
+        return None
+    if getattr(model.config, "moe", None) is not None:
+        # The MoE MLP's per-expert groups depend on the step's routing (a host sync), which
+        # the post-attention piece cannot trace as one graph.
+        log.warning("compile: a mixture-of-experts model runs the eager forward")
         return None
     fwd = CompiledForward(config)
     try:

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
 from workers.device.layers.embedding import padded_vocab
+from workers.device.layers.moe import SparseMoeBlock
 from workers.device.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -115,10 +116,33 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
         if a.q_norm is not None:
             out[p + "self_attn.q_norm.weight"] = _Target(a.q_norm.weight, _full)
             out[p + "self_attn.k_norm.weight"] = _Target(a.k_norm.weight, _full)
+        if isinstance(m, SparseMoeBlock):
+            out.update(_moe_targets(p, m, c))
+            continue
         gu = m.gate_up_proj.weight
         out[p + "mlp.gate_proj.weight"] = _Target(gu, _rows(tp.rank * inter, inter), 0)
         out[p + "mlp.up_proj.weight"] = _Target(gu, _rows(tp.rank * inter, inter), inter)
         out[p + "mlp.down_proj.weight"] = _Target(m.down_proj.weight, _cols(tp.rank * inter, inter))
+    return out
+
+
+def _moe_targets(prefix: str, m: SparseMoeBlock, c: ModelConfig) -> dict[str, _Target]:
+    """A sparse layer's router and experts: each checkpoint expert's gate/up/down matrices go
+    into this rank's slot of the stacked weights, sliced to its part of the intermediate dim."""
+    assert c.moe is not None
+    part = m.partition
+    block = prefix + c.moe.block_name
+    gate_name, up_name, down_name = c.moe.expert_names
+    start, inter = part.inter_start, part.inter_size
+    out = {f"{block}.gate.weight": _Target(m.gate, _full)}
+    for expert in range(c.moe.num_experts):
+        e = part.local_index(expert)
+        if e is None:
+            continue
+        name = f"{block}.experts.{expert}."
+        out[name + f"{gate_name}.weight"] = _Target(m.w13[e], _rows(start, inter), 0)
+        out[name + f"{up_name}.weight"] = _Target(m.w13[e], _rows(start, inter), inter)
+        out[name + f"{down_name}.weight"] = _Target(m.w2[e], _cols(start, inter))
     return out
 
 

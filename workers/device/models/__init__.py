@@ -9,8 +9,8 @@ from workers.device.distributed import TPGroup
 
 
 def build_model(config: ModelConfig, tp: TPGroup, dtype: torch.dtype, max_pos: int):  # noqa: ANN201
-    # Llama, Mistral, Qwen2 and Qwen3 differ only in flags (qkv bias, q/k norm, tying), so
-    # one implementation covers them.
+    # Llama, Mistral, Qwen2 and Qwen3 differ only in flags (qkv bias, q/k norm, tying), and
+    # Qwen3-MoE and Mixtral only in their sparse layers' MLP, so one implementation covers them.
     from workers.device.models.llama import LlamaForCausalLM
 
     return LlamaForCausalLM(config, tp, dtype, max_pos)

@@ -20,6 +20,7 @@ keep the modules.
 from __future__ import annotations
 
 import ctypes
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ import torch
 from workers.device.layers.attention import AttentionMetadata
 from workers.device.layers.cpu_kernels import amx_packed, check_gemm, register
 from workers.device.layers.cpu_kernels.routing import kernel_route
+from workers.device.layers.moe import SparseMoeBlock
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,11 @@ class CpuLayers:
         keep torch's linear (float32 weights on builds without AVX-512, every weight on builds
         narrower than AVX2)."""
         if lib is None:
+            return None
+        if any(isinstance(layer.mlp, SparseMoeBlock) for layer in model.layers):
+            # No kernel runs the experts: the layers keep the modules, whose attention, norms
+            # and dense linears still call the kernels.
+            log.info("mixture-of-experts model: the MoE MLP runs on torch ops")
             return None
         handle = register(lib)
         for layer in model.layers:

@@ -1,4 +1,6 @@
-"""The Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k RMSNorm)."""
+"""The Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k RMSNorm), and its
+mixture-of-experts members (Qwen3-MoE, Mixtral: the sparse layers' MLP is
+workers/device/layers/moe.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from workers.device.layers.attention import AttentionMetadata, PagedAttention
 from workers.device.layers.cpu_kernels import silu_and_mul_cpu
 from workers.device.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workers.device.layers.linear import ColumnParallelLinear, RowParallelLinear
+from workers.device.layers.moe import SparseMoeBlock
 from workers.device.layers.norm import RMSNorm
 from workers.device.layers.rotary import RotaryEmbedding
 
@@ -74,12 +77,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
+    def __init__(
+        self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding, index: int
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.self_attn = Attention(c, tp, dtype, rotary)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.mlp = MLP(c, tp, dtype)
+        self.mlp: MLP | SparseMoeBlock
+        if c.moe is not None and c.moe.is_sparse(index):
+            self.mlp = SparseMoeBlock(c.hidden_size, c.moe, tp, dtype)
+        else:
+            self.mlp = MLP(c, tp, dtype)
 
     def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
         q, k, v = self.pre_attention(positions, x)
@@ -104,7 +113,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp, dtype)
         rotary = RotaryEmbedding(c.rope, c.head_dim, max_pos, dtype)
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(c, tp, dtype, rotary) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(c, tp, dtype, rotary, i) for i in range(c.num_layers)
+        )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.lm_head = ParallelLMHead(
             self.embed_tokens if c.tie_word_embeddings else None,

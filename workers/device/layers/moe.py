@@ -1,0 +1,109 @@
+"""The mixture-of-experts MLP: a router picks `top_k` of `num_experts` gated-SiLU experts per
+token, and the token's output is their outputs weighted by the router's probabilities.
+
+The arithmetic follows transformers' inference code for Qwen3-MoE and Mixtral, step for step:
+router logits in the model's dtype, softmax in float32, top-k of the probabilities, the top-k
+renormalised to sum to 1 when the family does (`MoeConfig.renormalize`), then each expert's
+output scaled by its weight and summed per token in expert order.
+
+Batched by expert, never by token: the (token, expert) pairs of a step are sorted by expert,
+so each active expert runs one gate/up and one down matmul over all its tokens, and an
+expert no token picked costs nothing. Weights are stacked per layer ([E, 2I, H] gate/up and
+[E, H, I] down), which keeps loading and sharding simple.
+
+Tensor parallelism shards every expert's intermediate dimension (column-parallel gate/up,
+row-parallel down), so the layer ends with one all-reduce after the weighted sum; the router
+is replicated. Which experts and which slice of them a rank holds is `ExpertPartition`'s
+answer alone (the loader asks it too): the place expert parallelism would start from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workers.device.distributed import TPGroup
+from workers.moe_config import MoeConfig
+
+
+@dataclass(frozen=True)
+class ExpertPartition:
+    """The experts a rank holds ([first, first + count)) and its slice of their
+    intermediate dimension ([inter_start, inter_start + inter_size))."""
+
+    first_expert: int
+    num_local_experts: int
+    inter_start: int
+    inter_size: int
+
+    @staticmethod
+    def of(moe: MoeConfig, tp: TPGroup) -> ExpertPartition:
+        """Tensor parallelism: every rank holds every expert, a 1/tp slice of each."""
+        start, size = tp.shard(moe.intermediate_size, "the experts' intermediate size")
+        return ExpertPartition(0, moe.num_experts, start, size)
+
+    def local_index(self, expert: int) -> int | None:
+        """Where checkpoint expert `expert` sits in this rank's stacked weights (None: not here)."""
+        i = expert - self.first_expert
+        return i if 0 <= i < self.num_local_experts else None
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, hidden_size: int, moe: MoeConfig, tp: TPGroup, dtype: torch.dtype):
+        super().__init__()
+        self.tp = tp
+        self.top_k = moe.top_k
+        self.num_experts = moe.num_experts
+        self.renormalize = moe.renormalize
+        self.weights_in_model_dtype = moe.weights_in_model_dtype
+        self.partition = ExpertPartition.of(moe, tp)
+        self.inter = self.partition.inter_size
+        n = self.partition.num_local_experts
+        # The router sees every expert on every rank: all ranks route tokens alike.
+        self.gate = nn.Parameter(torch.empty(moe.num_experts, hidden_size, dtype=dtype))
+        self.w13 = nn.Parameter(torch.empty(n, 2 * self.inter, hidden_size, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(n, hidden_size, self.inter, dtype=dtype))
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k], expert ids [T, k]) of each token's top-k experts."""
+        logits = F.linear(x, self.gate)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.weights_in_model_dtype:
+            weights = weights.to(logits.dtype)
+        return weights, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        return self.tp.all_reduce(self.experts(x, weights, ids))
+
+    def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's share of sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), before the
+        all-reduce: grouped by expert, one pair of matmuls per expert that has tokens."""
+        t, k = ids.shape
+        flat = ids.reshape(-1) - self.partition.first_expert
+        # Stable: within an expert, pairs stay in token order; across experts the sorted
+        # order is expert order, which is the order transformers adds a token's k outputs in.
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.partition.num_local_experts).tolist()
+        tokens = order // k
+        xs = x.index_select(0, tokens)
+        w = weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+        out = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):  # experts that got no token: skipped
+            if n == 0:
+                continue
+            rows = slice(start, start + n)
+            gate, up = F.linear(xs[rows], self.w13[e]).split(self.inter, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.w2[e])
+            out[rows] = (y * w[rows]).to(out.dtype)
+            start += n
+        return torch.zeros_like(x).index_add_(0, tokens, out)

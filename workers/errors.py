@@ -73,7 +73,11 @@ class EngineDeadError(KvrayError, RuntimeError):
         message: str = "engine is not running",
         cause: str = "engine_died",
         replica: str | None = None,
+        taken: bool = True,
     ) -> None:
         super().__init__(message)
         self.cause = cause
         self.replica = replica
+        # False: the replica refused the request before anything ran (its engine was dead
+        # or restarting), so moving it elsewhere is not charged as a migration.
+        self.taken = taken

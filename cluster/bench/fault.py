@@ -12,7 +12,8 @@ Streams are long (--fault-output-len, default 256-600 tokens each, instead of --
 so that many span the kill. Reported (fault_report.py): requests completed / failed and the
 failures' statuses, the streams in flight at the kill, the time from the kill to each active
 stream's next token (p50 / p99 / max), output tokens/s before vs after the kill, and the time
-until every replica serves again (Serve replaces the dead one), watched for at most
+until every replica serves again (the victim with a new engine child, restarted in place;
+or Serve's replacement of a dead replica actor), watched for at most
 --fault-recovery-timeout-s.
 
 Needs a Ray connection in this process (--launch, or a test's session with --app-name) to
@@ -202,12 +203,20 @@ async def kill_busiest(handle: Any, kind: str, replicas: int) -> KillEvent:
     return replace(event, at=time.perf_counter(), error=error)
 
 
-async def wait_whole(handle: Any, replicas: int, victim: str, deadline: float) -> float | None:
-    """perf_counter time `replicas` replicas other than `victim` were first seen answering
-    (Serve replaced the dead one); None past `deadline`."""
+async def wait_whole(
+    handle: Any, replicas: int, victim: str, deadline: float, dead_engine: int | None = None
+) -> float | None:
+    """perf_counter time `replicas` replicas were first seen serving: others than `victim`
+    (Serve replaced a dead one), or the victim itself with another engine than `dead_engine`
+    (restarted in place); None past `deadline`."""
     while time.perf_counter() < deadline:
-        stats = await all_replica_stats(handle, replicas, exclude=victim)
-        if len(stats.keys() - {victim}) >= replicas:
+        stats = await all_replica_stats(handle, replicas)
+        serving = [
+            r
+            for r, s in stats.items()
+            if r != victim or (dead_engine is not None and s.get("engine_pid") != dead_engine)
+        ]
+        if len(serving) >= replicas:
             return time.perf_counter()
         await asyncio.sleep(WHOLE_POLL_S)
     return None
@@ -308,7 +317,11 @@ async def _fault(
     whole_at = None
     if kill.killed and args.fault_recovery_timeout_s > 0:
         whole_at = await wait_whole(
-            handle, args.num_replicas, kill.replica, kill.at + args.fault_recovery_timeout_s
+            handle,
+            args.num_replicas,
+            kill.replica,
+            kill.at + args.fault_recovery_timeout_s,
+            dead_engine=kill.pid if kill.kind == "engine" else None,
         )
     return kill, whole_at
 

@@ -138,6 +138,7 @@ class GrpcIngress:
             metrics=RouterMetrics(),
             limits=RequestLimits.from_config(config),
             max_migrations=config.max_migrations,
+            queue_timeout_s=config.queue_timeout_s,
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING

@@ -77,9 +77,10 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         metrics: Any = None,
         limits: RequestLimits = DEFAULT_LIMITS,
         max_migrations: int = DEFAULT_MAX_MIGRATIONS,
+        queue_timeout_s: float | None = None,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
-        self._client = LLMClient(llm, max_migrations, metrics)
+        self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s)
         self._preparer = Preparer(Prompts(tokenizer), self._client, limits)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
         self._token_text = TokenStrings.of(tokenizer)

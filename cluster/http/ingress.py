@@ -83,7 +83,9 @@ class OpenAIIngress:
         self.embedding_size = hidden_size(resolve_model_dir(config))
         self.token_strings = TokenStrings.of(tokenizer)
         self.metrics = RouterMetrics()
-        self.client = LLMClient(llm, config.max_migrations, self.metrics)
+        self.client = LLMClient(
+            llm, config.max_migrations, self.metrics, queue_timeout_s=config.queue_timeout_s
+        )
         self.auth = ApiKeyAuth.from_env(config.api_key_env)
         self.limits = RequestLimits.from_config(config)
         self.preparer = Preparer(self.prompts, self.client, self.limits)

@@ -44,12 +44,18 @@ class LLMClient:
     """One ingress replica's view of the LLMServer deployment (a DeploymentHandle)."""
 
     def __init__(
-        self, handle: Any, max_migrations: int = DEFAULT_MAX_MIGRATIONS, metrics: Any = None
+        self,
+        handle: Any,
+        max_migrations: int = DEFAULT_MAX_MIGRATIONS,
+        metrics: Any = None,
+        queue_timeout_s: float | None = None,
     ) -> None:
         # metrics: cluster.routing.metrics.RouterMetrics (migrations), or None (unit use).
+        # queue_timeout_s: how long a request waits for a replica that can take it.
         self.handle = handle
         self.max_migrations = max_migrations
         self.metrics = metrics
+        self.queue_timeout_s = queue_timeout_s
         self._stream_handle = handle.options(
             stream=True, request_serialization="pickle", response_serialization="pickle"
         )
@@ -81,7 +87,9 @@ class LLMClient:
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """LLMServer.generate's outputs; errors come out as cluster.errors classes."""
         outputs = (
-            migrating(self._attempt, request, self.max_migrations, self.metrics)
+            migrating(
+                self._attempt, request, self.max_migrations, self.metrics, self.queue_timeout_s
+            )
             if self.max_migrations
             else self._attempt(request)  # migration off: no resume state kept per output
         )

@@ -19,6 +19,14 @@ The next attempt gets a new engine request id and names the replica it failed on
 (`GenerateRequest.exclude_replicas`), which the routers pass over while another replica
 lives. At most `max_migrations` moves per request, then the last error (HTTP 503 / gRPC
 UNAVAILABLE) saying so: a request that itself kills engines cannot take every replica down.
+
+A migration is charged only when a replica took the request and failed. A replica that turns
+it away before anything ran (its engine is dead or restarting: `EngineDeadError.taken` is
+False), or no replica to send it to at all, costs nothing: the request waits and tries again
+(backing off up to `WAIT_POLL_S`) until a replica takes it, for at most `queue_timeout_s`
+from when it was sent (then 503 + Retry-After, as any queue timeout). So streams caught by
+two faults close together, with no healthy replica for a while, wait for a replica to come
+back instead of spending their migrations on replicas known dead.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from cluster.errors import EngineDeadError
+from cluster.errors import EngineDeadError, QueueTimeoutError
+from cluster.tracing import migration_event
 from workers.frontend.resume import ResumeTracker
 
 if TYPE_CHECKING:
@@ -42,6 +51,13 @@ logger = logging.getLogger("ray.serve.kvray.migration")
 # Pause before attempt k + 1 (k >= 1): Serve's routers learn of a dead replica within a few
 # hundred milliseconds; a short wait keeps a burst of migrations from landing on it meanwhile.
 BACKOFF_S = (0.0, 0.25, 0.5, 1.0)
+# Waiting for a replica that can take the request: the first retry at once, then each pause
+# twice the last, up to this.
+WAIT_POLL_S = 1.0
+# Causes of an EngineDeadError raised before any replica had the request: Serve has no
+# healthy replica to route it to (cluster.errors.as_kvray_error). An unreachable replica
+# ("replica_unavailable") may have been running it, so that one is charged.
+NOT_TAKEN_CAUSES = frozenset({"no_replica"})
 
 Attempt = Callable[["GenerateRequest"], AsyncIterator["RequestOutput"]]
 
@@ -51,17 +67,23 @@ async def migrating(
     request: GenerateRequest,
     max_migrations: int,
     metrics: Any = None,
+    queue_timeout_s: float | None = None,
 ) -> AsyncIterator[RequestOutput]:
     """`attempt(request)`'s outputs, moved to another replica up to `max_migrations` times
-    when it fails with EngineDeadError (module doc). `metrics`: RouterMetrics, or None."""
+    when it fails with EngineDeadError (module doc). `metrics`: RouterMetrics, or None.
+    `queue_timeout_s`: how long a request may wait for a replica to take it (None or 0: as
+    long as it takes)."""
     tracker = ResumeTracker(request.input)
     current = request
     failed_at: float | None = None  # monotonic time of the failure not yet followed by a token
     prompt_scored = False  # a running output carried the prompt logprobs to the client
+    pause = 0.0  # the next wait for a replica that can take the request
     while True:
         error: EngineDeadError | None = None
+        received = False  # this attempt yielded something: a replica took it
         try:
             async for out in attempt(current):
+                received = True
                 if failed_at is not None and _has_tokens(out):
                     if metrics is not None:
                         metrics.migration_resumed(time.monotonic() - failed_at)
@@ -75,6 +97,16 @@ async def migrating(
             return
         except EngineDeadError as err:
             error = err
+        if not received and _not_taken(error):
+            # Nothing ran: wait for a replica that can take it, uncharged (module doc).
+            if queue_timeout_s and time.time() - current.sent_at >= queue_timeout_s:
+                raise _no_replica_in_time(error, queue_timeout_s)
+            avoid = current.exclude_replicas | ({error.replica} if error.replica else set())
+            current = dataclasses.replace(current, exclude_replicas=frozenset(avoid))
+            await asyncio.sleep(pause)
+            pause = min(WAIT_POLL_S, max(0.1, 2 * pause))
+            continue
+        pause = 0.0
         if current.migration >= max_migrations:
             raise _exhausted(error, current.migration, max_migrations)
         resumed = tracker.resume_input()
@@ -101,9 +133,22 @@ async def migrating(
             current.migration,
             max_migrations,
         )
+        migration_event(request, error, current.migration, tracker.tokens_observed)
         if metrics is not None:
             metrics.migration(error.cause)
         await asyncio.sleep(BACKOFF_S[min(current.migration - 1, len(BACKOFF_S) - 1)])
+
+
+def _not_taken(err: EngineDeadError) -> bool:
+    return not getattr(err, "taken", True) or err.cause in NOT_TAKEN_CAUSES
+
+
+def _no_replica_in_time(err: EngineDeadError, queue_timeout_s: float) -> QueueTimeoutError:
+    return QueueTimeoutError(
+        f"no engine replica could take the request within queue_timeout_s "
+        f"({queue_timeout_s:g} s); last: {err.message}",
+        retry_after_s=max(1, round(queue_timeout_s / 4)),
+    )
 
 
 def _exhausted(err: EngineDeadError, migrations: int, max_migrations: int) -> EngineDeadError:

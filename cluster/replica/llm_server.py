@@ -39,6 +39,7 @@ from cluster.errors import (
     invalid_from_value_error,
 )
 from cluster.replica.deadline import with_deadline
+from cluster.replica.engine_restart import EngineSupervisor
 from cluster.replica.kv_publish import kv_publisher
 from cluster.replica.queued_tokens import QueuedTokens, prompt_cost
 from workers.outputs import RequestOutputKind, ended_unrun, is_queue_timeout
@@ -75,7 +76,13 @@ class LLMServer:
         # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
         process = config.engine_process and config.tensor_parallel_size == 1
         _use_reserved_cpus(config.torch_threads())
-        self._engine = AsyncEngine(EngineArgs(**config.engine_kwargs(model_dir)), process=process)
+        args = EngineArgs(**config.engine_kwargs(model_dir))
+        # The engine, restarted in place should its child process die (engine_restart.py).
+        self._supervisor = EngineSupervisor(
+            lambda: AsyncEngine(args, process=process),
+            AsyncEngine(args, process=process),
+            on_restart=self._engine_restarted,
+        )
         self._model_name = config.model_name()
         self._created = int(time.time())
         # Samples of the generate() calls in flight here (a request counts n): with the
@@ -88,6 +95,7 @@ class LLMServer:
         self._replica = _replica_name()
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
+        self._supervise_task = asyncio.get_running_loop().create_task(self._supervisor.run())
         # KV events for the kv_events router, through routing stats (None: another router).
         self._kv = kv_publisher(config, self._engine)
         import torch
@@ -102,6 +110,14 @@ class LLMServer:
         )
 
     @property
+    def _engine(self) -> Any:  # workers.AsyncEngine: the supervisor's current one
+        return self._supervisor.engine
+
+    def _engine_restarted(self, engine: Any) -> None:
+        # A new engine has an empty cache: a new KV-event epoch tells the routers so.
+        self._kv = kv_publisher(self._config, engine)
+
+    @property
     def max_model_len(self) -> int:
         return int(self._engine.max_model_len)
 
@@ -114,6 +130,14 @@ class LLMServer:
         EngineDeadError before the first output; RequestTimeoutError once the request has
         run `request_timeout_s` (it is aborted).
         """
+        if self._supervisor.restarting or not self._engine.healthy:
+            # Nothing ran here: the ingress waits for a replica, or moves the request, without
+            # charging it a migration.
+            raise EngineDeadError(
+                "engine is restarting" if self._supervisor.restarting else "engine is not running",
+                replica=self._replica,
+                taken=False,
+            )
         inp = request.input
         streamed = inp.params.output_kind is RequestOutputKind.DELTA
         queue_timeout_s = self._queue_time_left(request)
@@ -271,7 +295,7 @@ class LLMServer:
             "max_queued_tokens": self._config.max_queued_tokens,
             # A dead engine fails requests fast, so it would look least loaded: the router
             # drops replicas that say False here before Serve replaces them.
-            "engine_alive": bool(self._engine.healthy),
+            "engine_alive": bool(self._engine.healthy) and not self._supervisor.restarting,
             **({"kv": self._kv.publish()} if self._kv is not None else {}),
         }
 
@@ -285,17 +309,21 @@ class LLMServer:
         return {WAITING_STAT: float(s.num_requests_waiting), KV_USAGE_STAT: float(s.kv_cache_usage)}
 
     def __del__(self) -> None:
-        task = getattr(self, "_stats_task", None)
-        if task is not None:
-            task.cancel()
-        engine = getattr(self, "_engine", None)
-        if engine is not None:
+        for name in ("_stats_task", "_supervise_task"):
+            task = getattr(self, name, None)
+            if task is not None:
+                task.cancel()
+        supervisor = getattr(self, "_supervisor", None)
+        if supervisor is not None:
             with contextlib.suppress(Exception):
-                engine.shutdown()
+                supervisor.engine.shutdown()
 
     # -- internals -----------------------------------------------------------------------
 
     def _check_alive(self, full: bool = True) -> None:
+        sup = self._supervisor
+        if sup.restarting or (not sup.engine.healthy and not sup.gave_up):
+            return  # a dead engine child is being restarted in place: not for Serve to replace
         try:
             if full:
                 self._engine.check_health()

@@ -152,11 +152,49 @@ def _wait_replaced(app: App, victim: dict, replicas: int = 2) -> None:
     assert all(s["kv_blocks_used"] == 0 for s in stats.values()), stats
 
 
+def _wait_restarted_in_place(app: App, victim: dict) -> float:
+    """The victim replica (the same actor) serves again with a new engine child; every
+    replica idle, no KV block held. Returns seconds from now until it was seen so."""
+    t0 = time.monotonic()
+
+    def restarted() -> bool:
+        stats = replica_stats(app, 2)
+        mine = stats.get(victim["replica"])
+        return mine is not None and mine["engine_pid"] not in (None, victim["engine_pid"])
+
+    wait_for(restarted, "the engine restarted in place", 120)
+    took = time.monotonic() - t0
+    stats = wait_until_idle(app, 2)
+    assert stats[victim["replica"]]["pid"] == victim["pid"]  # not replaced: restarted
+    assert all(s["kv_blocks_used"] == 0 for s in stats.values()), stats
+    assert _running_replicas(app) == 2
+    return took
+
+
 def test_engine_process_killed(
     app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
 ) -> None:
     victim = _kill_under_load(app, serve_ports, requests, expected, "engine_pid")
-    _wait_replaced(app, victim)
+    _wait_restarted_in_place(app, victim)
+
+
+def test_two_faults_one_second_apart(
+    app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
+) -> None:
+    """The idle replica's engine dies, and a second later the actor of the replica serving
+    the streams: for a while no replica can take them. They wait for one (the first replica's
+    engine, restarted in place) instead of spending their migrations, and finish exactly."""
+    load = start_load(app, serve_ports.grpc, requests)
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
+    stats = replica_stats(app, 2)
+    busy = max(stats.values(), key=lambda s: s["num_requests_running"])
+    (idle,) = [s for s in stats.values() if s["replica"] != busy["replica"]]
+    kill_pid(idle["engine_pid"])
+    time.sleep(1.0)
+    kill_pid(busy["pid"])
+    results = load.wait()
+    assert failures(results, expected) == []
+    _wait_replaced(app, busy)
 
 
 def test_replica_actor_killed(

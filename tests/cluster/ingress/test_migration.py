@@ -46,7 +46,9 @@ class Replicas:
 
     async def attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         self.seen.append(request)
-        name = next(n for n in self.engines if n not in request.exclude_replicas)
+        # The routers pass over excluded replicas while another lives, else pick one anyway.
+        names = list(self.engines)
+        name = next((n for n in names if n not in request.exclude_replicas), names[-1])
         failing = len(self.seen) <= self.failures
         engine = self.engines[name]
         rid = f"{request.request_id}.{next(self._ids)}"
@@ -175,3 +177,59 @@ def test_a_moved_stream_gets_its_prompt_logprobs_once(engines: dict[str, AsyncEn
         assert got.keys() == first.keys()
         assert all(abs(got[t] - first[t]) < 1e-4 for t in got)
     _assert_no_blocks_held(engines)
+
+
+class Refusing(Replicas):
+    """Like Replicas, but the first `refusals` attempts after the first failure are turned
+    away untaken (the replica's engine is dead or restarting), naming replica "b"."""
+
+    def __init__(self, engines: dict[str, AsyncEngine], fail_after: int, refusals: int):
+        super().__init__(engines, fail_after)
+        self.refusals = refusals
+
+    async def attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        if len(self.seen) >= 1 and self.refusals:
+            self.refusals -= 1
+            self.seen.append(request)
+            raise EngineDeadError("engine is restarting", replica="b", taken=False)
+        async for out in super().attempt(request):
+            yield out
+
+
+def test_refusals_before_anything_ran_wait_uncharged(engines: dict[str, AsyncEngine]) -> None:
+    """Two faults close together: the replica a stream ran on dies (one migration), and the
+    other one is restarting its engine for a while (refusing, untaken). The stream waits for
+    it instead of spending migrations, and finishes as if undisturbed."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+    async def both() -> tuple:
+        request = _request(engines, params)
+        want = await _collect(migrating(Replicas(engines, 10**9, 0).attempt, request, 1))
+        refusing = Refusing(engines, fail_after=5, refusals=6)
+        got = await _collect(migrating(refusing.attempt, request, 1, None, 30.0))
+        return want, got, refusing.seen
+
+    (want_texts, _), (got_texts, got), seen = _run(both())
+    assert got_texts == want_texts and got.outputs[0].finish_reason == "length"
+    assert len(seen) == 8  # the first attempt, 6 refusals, the attempt that finished
+    assert [r.migration for r in seen] == [0] + [1] * 7  # only the real failure was charged
+    assert seen[-1].exclude_replicas == {"a", "b"}
+    _assert_no_blocks_held(engines)
+
+
+def test_no_replica_taking_it_within_the_queue_timeout_is_a_503(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    from cluster.errors import QueueTimeoutError
+
+    async def never() -> None:
+        refusing = Refusing(engines, fail_after=0, refusals=10**9)
+        refusing.seen.append(None)  # every attempt is refused
+        request = _request(engines, SamplingParams(max_tokens=4))
+        await _collect(migrating(refusing.attempt, request, 3, None, 0.5))
+
+    t0 = time.monotonic()
+    with pytest.raises(QueueTimeoutError, match=r"within queue_timeout_s \(0.5 s\)") as err:
+        _run(never())
+    assert err.value.http_status == 503 and err.value.retry_after_s >= 1
+    assert 0.5 <= time.monotonic() - t0 < 5

@@ -37,6 +37,7 @@ from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv
 from cluster.ingress import embeddings
 from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.gather import gather_or_cancel
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prepare import Preparer
@@ -46,6 +47,7 @@ from cluster.messages import GenerateRequest
 from kvray.v1 import llm_pb2, llm_pb2_grpc
 
 if TYPE_CHECKING:
+    from cluster.ingress.route_spans import RouteSpans
     from workers.outputs import RequestOutput
 
 logger = logging.getLogger("kvray.grpc")
@@ -78,9 +80,11 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         limits: RequestLimits = DEFAULT_LIMITS,
         max_migrations: int = DEFAULT_MAX_MIGRATIONS,
         queue_timeout_s: float | None = None,
+        spans: RouteSpans | None = None,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
-        self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s)
+        # `spans`: tracing's routing spans (cluster/ingress/route_spans.py); None: off.
+        self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s, spans)
         self._preparer = Preparer(Prompts(tokenizer), self._client, limits)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
         self._token_text = TokenStrings.of(tokenizer)
@@ -201,13 +205,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     async def _finals(self, llm_reqs: list[GenerateRequest]) -> list[RequestOutput]:
         """The final outputs of several engine requests run concurrently; the first failure
         cancels the others (which aborts their engine requests)."""
-        tasks = [asyncio.ensure_future(self._final(r)) for r in llm_reqs]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        return await gather_or_cancel([self._final(r) for r in llm_reqs])
 
     def _checked(self, params: Any) -> None:
         """Counts a request that passed the checks, by kind (kvray_router_requests_by_kind)."""

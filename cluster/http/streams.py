@@ -14,19 +14,13 @@ from typing import Any
 
 from cluster.errors import KvrayError
 from cluster.http.format import SSE_DONE, Formatter, sse
+from cluster.ingress.gather import gather_or_cancel
 
 
 async def first_of_each(streams: Sequence[AsyncIterator[Any]]) -> list[Any]:
     if len(streams) == 1:
         return [await anext(streams[0])]
-    tasks = [asyncio.ensure_future(anext(s)) for s in streams]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        # On failure stop the others, so their generators are idle and can be closed.
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    return await gather_or_cancel([anext(s) for s in streams])
 
 
 async def last(stream: AsyncIterator[Any], first: Any) -> Any:

@@ -74,13 +74,13 @@ def _wait_for_engine_queue(app: App, tokens: int) -> dict[str, Any]:
         time.sleep(0.1)
 
 
-def test_long_prompts_fill_the_token_queue_and_a_short_one_still_fits(queued_app: App) -> None:
-    url = f"{queued_app.base_url}/v1/completions"
-    started, stop = threading.Event(), threading.Event()
-    answers: dict[str, httpx.Response] = {}
+def _holder(app: App, started: threading.Event, stop: threading.Event) -> threading.Thread:
+    """A thread that takes the only sequence slot (sets `started`) until `stop`, then hangs
+    up."""
 
-    def holder() -> None:  # takes the only sequence slot until `stop`, then hangs up
-        body = _body(queued_app, 8, max_tokens=1000, ignore_eos=True, stream=True)
+    def hold() -> None:
+        body = _body(app, 8, max_tokens=1000, ignore_eos=True, stream=True)
+        url = f"{app.base_url}/v1/completions"
         with httpx.stream("POST", url, json=body, timeout=CLIENT_TIMEOUT_S) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
@@ -89,6 +89,14 @@ def test_long_prompts_fill_the_token_queue_and_a_short_one_still_fits(queued_app
                 if stop.is_set():
                     break
         started.set()
+
+    return threading.Thread(target=hold)
+
+
+def test_long_prompts_fill_the_token_queue_and_a_short_one_still_fits(queued_app: App) -> None:
+    url = f"{queued_app.base_url}/v1/completions"
+    started, stop = threading.Event(), threading.Event()
+    answers: dict[str, httpx.Response] = {}
 
     def post(name: str, prompt_len: int) -> threading.Thread:
         def send() -> None:
@@ -100,7 +108,7 @@ def test_long_prompts_fill_the_token_queue_and_a_short_one_still_fits(queued_app
         t.start()
         return t
 
-    hold = threading.Thread(target=holder)
+    hold = _holder(queued_app, started, stop)
     hold.start()
     queued: list[threading.Thread] = []
     try:
@@ -143,16 +151,6 @@ def test_the_most_urgent_queued_request_runs_first(queued_app: App) -> None:
     started, stop = threading.Event(), threading.Event()
     done: list[str] = []
 
-    def holder() -> None:
-        body = _body(queued_app, 8, max_tokens=1000, ignore_eos=True, stream=True)
-        with httpx.stream("POST", url, json=body, timeout=CLIENT_TIMEOUT_S) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    started.set()
-                if stop.is_set():
-                    break
-        started.set()
-
     def post(name: str, priority: int) -> threading.Thread:
         def send() -> None:
             body = _body(queued_app, SHORT, priority=priority)
@@ -164,7 +162,7 @@ def test_the_most_urgent_queued_request_runs_first(queued_app: App) -> None:
         t.start()
         return t
 
-    hold = threading.Thread(target=holder)
+    hold = _holder(queued_app, started, stop)
     hold.start()
     queued: list[threading.Thread] = []
     try:

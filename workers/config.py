@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.compile_config import CompilationConfig
+from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 
 SUPPORTED_ARCHITECTURES = (
@@ -17,6 +18,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     *MOE_ARCHITECTURES,
+    *GEMMA_ARCHITECTURES,
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -91,6 +93,7 @@ class ModelConfig:
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     moe: MoeConfig | None = None  # mixture-of-experts MLPs (workers/moe_config.py)
+    gemma: GemmaConfig | None = None  # Gemma 3 layers (workers/gemma_config.py)
 
     def kv_heads_per_rank(self, tp_size: int) -> int:
         """KV heads split across ranks; replicated when there are more ranks than KV heads."""
@@ -142,6 +145,7 @@ class ModelConfig:
                 f"unsupported architecture {archs!r} in {cfg_file}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        cfg = with_gemma_defaults(arch, cfg)
         missing = [
             k
             for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -158,6 +162,7 @@ class ModelConfig:
             "use_sliding_window", False
         ):
             sliding = None
+        gemma = GemmaConfig.from_hf(arch, cfg)
         return ModelConfig(
             path=str(path),
             architecture=arch,
@@ -173,12 +178,13 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama/Qwen3 have them only with attention_bias.
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-            rope=RopeConfig.from_hf(cfg),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or gemma is not None,
+            rope=gemma.global_rope if gemma else RopeConfig.from_hf(cfg),
             checkpoint_dtype=_DTYPES.get(raw_dtype.replace("torch.", ""), "float32"),
             sliding_window=int(sliding) if sliding else None,
             eos_token_ids=_eos_ids(path, cfg),
             moe=MoeConfig.from_hf(arch, cfg, int(cfg["num_hidden_layers"])),
+            gemma=gemma,
         )
 
 
@@ -259,6 +265,9 @@ class EngineArgs:
     # The CPU C kernels (workers/device/layers/cpu_kernels) where they apply; False: torch's ops.
     cpu_kernels: bool = True
     priority_aging_s: float = DEFAULT_PRIORITY_AGING_S
+    # Mixture-of-experts models: split the experts across the TP ranks (whole experts per
+    # rank) instead of slicing every expert (workers/device/layers/moe.py ExpertPartition).
+    enable_expert_parallel: bool = False
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -269,6 +278,10 @@ class EngineArgs:
 
             model_path = str(demo_model_dir())
         model = ModelConfig.from_pretrained(model_path)
+        if self.enable_expert_parallel:
+            if model.moe is None:
+                raise ValueError("enable_expert_parallel needs a mixture-of-experts model")
+            model = replace(model, moe=replace(model.moe, expert_parallel=True))
         for name in ("tensor_parallel_size", "block_size", "max_num_seqs", "grammar_cache_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

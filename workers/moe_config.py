@@ -27,11 +27,21 @@ class MoeConfig:
     # (Qwen3-MoE) or "block_sparse_moe" + w1/w3/w2 (Mixtral).
     block_name: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # Expert parallelism over the TP group (the engine's `enable_expert_parallel`): each rank
+    # holds whole experts, 1/tp of them, instead of a 1/tp slice of every expert.
+    expert_parallel: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         return layer in self.sparse_layers
 
     def check_tensor_parallel(self, tp_size: int) -> None:
+        if self.expert_parallel:
+            if self.num_experts % tp_size:
+                raise ValueError(
+                    f"expert parallelism: the number of experts ({self.num_experts}) is not "
+                    f"divisible by tensor_parallel_size ({tp_size})"
+                )
+            return
         if self.intermediate_size % tp_size:
             raise ValueError(
                 f"the experts' intermediate size ({self.intermediate_size}) is not divisible "

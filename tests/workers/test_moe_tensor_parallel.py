@@ -1,5 +1,6 @@
 """Mixture-of-experts models at TP = 2 (gloo, Ray worker actors): every expert's intermediate
-dim split across the ranks, the same tokens as TP = 1 and transformers."""
+dim split across the ranks, or (expert parallelism) half of the experts, whole, on each rank;
+the same tokens as TP = 1 and transformers either way."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def ray_cluster(ray_session: object) -> None:
     """The TP ranks run as actors of the session's Ray instance (tests/conftest.py)."""
 
 
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
 @pytest.mark.parametrize("kind", CASES)
-def test_tp2_matches_tp1_and_transformers(kind: str, tmp_path) -> None:
+def test_tp2_matches_tp1_and_transformers(kind: str, expert_parallel: bool, tmp_path) -> None:
     path = str(make_moe_checkpoint(kind, tmp_path / kind, **CASES[kind]))
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 7, 16, 33, 90, 200)]
@@ -33,13 +35,19 @@ def test_tp2_matches_tp1_and_transformers(kind: str, tmp_path) -> None:
     total = tp1.engine.executor.worker.param_bytes()
     ref = tp1.generate(prompts, GREEDY, use_tqdm=False)
     tp1.engine.shutdown()
-    llm = LLM(path, tensor_parallel_size=2, kv_cache_memory_bytes=16 << 20)
+    llm = LLM(
+        path,
+        tensor_parallel_size=2,
+        kv_cache_memory_bytes=16 << 20,
+        enable_expert_parallel=expert_parallel,
+    )
     try:
         tp2 = llm.generate(prompts, GREEDY, use_tqdm=False)
         per_rank = llm.engine.executor.param_bytes()
     finally:
         llm.engine.shutdown()
-    # Each rank holds half of every expert; only the norms and routers are replicated.
+    # Each rank holds half of every expert, or half of the experts; only the norms and
+    # routers are replicated.
     for b in per_rank:
         assert abs(b - total / 2) / (total / 2) < 0.05, (per_rank, total)
     hf = load_hf(path)

@@ -137,13 +137,32 @@ def _moe_targets(prefix: str, m: SparseMoeBlock, c: ModelConfig) -> dict[str, _T
     out = {f"{block}.gate.weight": _Target(m.gate, _full)}
     for expert in range(c.moe.num_experts):
         e = part.local_index(expert)
-        if e is None:
-            continue
         name = f"{block}.experts.{expert}."
+        if e is None:  # held by another rank (expert parallelism): expected, never read
+            for n in _expert_names(name, c.moe.expert_names):
+                out[n] = _SKIP
+            continue
         out[name + f"{gate_name}.weight"] = _Target(m.w13[e], _rows(start, inter), 0)
         out[name + f"{up_name}.weight"] = _Target(m.w13[e], _rows(start, inter), inter)
         out[name + f"{down_name}.weight"] = _Target(m.w2[e], _cols(start, inter))
     return out
+
+
+def _expert_names(prefix: str, names: tuple[str, str, str]) -> list[str]:
+    return [f"{prefix}{n}.weight" for n in names]
+
+
+class _Skipped(_Target):
+    """A checkpoint tensor this rank does not hold: its bytes are never read."""
+
+    def __init__(self) -> None:
+        pass
+
+    def load(self, lazy) -> None:  # noqa: ANN001
+        pass
+
+
+_SKIP = _Skipped()
 
 
 def _tensors(files: list[Path]) -> Iterator[tuple[str, object]]:

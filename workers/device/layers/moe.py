@@ -41,7 +41,14 @@ class ExpertPartition:
 
     @staticmethod
     def of(moe: MoeConfig, tp: TPGroup) -> ExpertPartition:
-        """Tensor parallelism: every rank holds every expert, a 1/tp slice of each."""
+        """Tensor parallelism: every rank holds every expert, a 1/tp slice of each. Expert
+        parallelism: every rank holds 1/tp of the experts, whole. Either way each rank adds
+        its share of every token's output and the layer's one all-reduce sums them: the
+        tokens are on every rank already (the attention's all-reduce), so no dispatch is
+        needed, and each rank reads only its own experts' weights."""
+        if moe.expert_parallel:
+            first, count = tp.shard(moe.num_experts, "the number of experts")
+            return ExpertPartition(first, count, 0, moe.intermediate_size)
         start, size = tp.shard(moe.intermediate_size, "the experts' intermediate size")
         return ExpertPartition(0, moe.num_experts, start, size)
 
@@ -88,11 +95,17 @@ class SparseMoeBlock(nn.Module):
         """This rank's share of sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), before the
         all-reduce: grouped by expert, one pair of matmuls per expert that has tokens."""
         t, k = ids.shape
+        n_local = self.partition.num_local_experts
         flat = ids.reshape(-1) - self.partition.first_expert
+        if n_local < self.num_experts:
+            # Expert parallelism: pairs of experts held elsewhere sort last and are not run.
+            flat = torch.where((flat >= 0) & (flat < n_local), flat, n_local)
         # Stable: within an expert, pairs stay in token order; across experts the sorted
         # order is expert order, which is the order transformers adds a token's k outputs in.
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.partition.num_local_experts).tolist()
+        counts = torch.bincount(flat, minlength=n_local + 1).tolist()[:n_local]
+        held = sum(counts)
+        order = order[:held]
         tokens = order // k
         xs = x.index_select(0, tokens)
         w = weights.reshape(-1).index_select(0, order).unsqueeze(-1)

@@ -29,10 +29,11 @@ def _block(moe: MoeConfig, dtype=torch.float32, tp: TPGroup = SINGLE, seed: int 
     block = SparseMoeBlock(HIDDEN, moe, tp, dtype)
     part = block.partition
     cols = slice(part.inter_start, part.inter_start + part.inter_size)
+    held = slice(part.first_expert, part.first_expert + part.num_local_experts)
     block.gate.copy_(full.gate)
-    gate, up = full.w13.split(INTER, dim=1)
+    gate, up = full.w13[held].split(INTER, dim=1)
     block.w13.copy_(torch.cat([gate[:, cols], up[:, cols]], dim=1))
-    block.w2.copy_(full.w2[:, :, cols])
+    block.w2.copy_(full.w2[held][:, :, cols])
     return block
 
 
@@ -168,6 +169,26 @@ def test_tensor_parallel_shards_sum_to_the_whole() -> None:
             assert shard.w13.shape == (4, INTER, HIDDEN) and shard.w2.shape == (4, HIDDEN, 16)
             parts.append(shard.experts(x, *shard.route(x)))
     torch.testing.assert_close(parts[0] + parts[1], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_expert_parallel_shards_sum_to_the_whole() -> None:
+    # Each rank holds half of the experts, whole; a token whose experts are all elsewhere
+    # gets zeros from this rank, and the sum over ranks is the unsharded output.
+    moe = dataclasses.replace(_config(8, 2), expert_parallel=True)
+    whole = _block(dataclasses.replace(moe, expert_parallel=False))
+    x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        expected = whole(x)
+        parts = []
+        for rank in range(2):
+            shard = _block(moe, tp=TPGroup(rank, 2))
+            assert shard.partition == ExpertPartition(4 * rank, 4, 0, INTER)
+            assert shard.w13.shape == (4, 2 * INTER, HIDDEN)
+            parts.append(shard.experts(x, *shard.route(x)))
+    assert all(p.abs().sum() > 0 for p in parts)
+    torch.testing.assert_close(parts[0] + parts[1], expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"number of experts \(8\) is not divisible"):
+        ExpertPartition.of(moe, TPGroup(0, 3))
 
 
 def test_partition_under_tensor_parallelism() -> None:

@@ -31,7 +31,8 @@ COPY --chown=ray:users cluster/ cluster/
 COPY --chown=ray:users proto/ proto/
 
 # Pinning ray keeps pip from replacing the base image's Ray (the cluster's Ray must match).
-RUN pip install --no-cache-dir . "ray[serve]==${RAY_VERSION}" "torch==${TORCH_VERSION}" \
+# The `otel` extra: the OTLP exporter, for tracing (--otlp-endpoint, the chart's otlpEndpoint).
+RUN pip install --no-cache-dir ".[otel]" "ray[serve]==${RAY_VERSION}" "torch==${TORCH_VERSION}" \
     && python -c "import cluster.app, workers, kvray.v1.llm_pb2_grpc" \
     && kvray --help > /dev/null
 

@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config_checks import AUTOSCALING_POLICIES, DEVICES, ROUTERS, validate
+from cluster.config_flag import MODEL_GROUP, NETWORK_GROUP, REPLICAS_GROUP, Flag
+from cluster.config_tenants import tenant_field
 from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS
 from workers.config import (
+    ATTENTION_BACKENDS,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GRAMMAR_CACHE_SIZE,
     DEFAULT_GRAMMAR_TIMEOUT_S,
@@ -44,28 +47,6 @@ DEFAULT_METRICS_PORT = 8080
 DEFAULT_MAX_MIGRATIONS = 3
 # ServeConfig.max_queued_tokens (why this size: at the field).
 DEFAULT_MAX_QUEUED_TOKENS = 2**18
-
-# The --help sections the flags are grouped under.
-MODEL_GROUP = "model and engine"
-REPLICAS_GROUP = "replicas and routing"
-NETWORK_GROUP = "network"
-
-
-@dataclass(frozen=True)
-class Flag:
-    """How a ServeConfig field shows on the command line (`kvray serve`, `kvray config`).
-
-    The flag is `--field-name` unless `name` says otherwise; a boolean field that defaults to
-    True gets a `--no-...` flag (give its `name`). Non-None defaults are appended to the help
-    as "(default X)"; the help of a None default says what None means.
-    """
-
-    help: str
-    group: str
-    name: str | None = None
-    aliases: tuple[str, ...] = ()
-    kind: str = ""  # "size": takes 2GiB / 512MiB / bytes; "path": made absolute
-    choices: tuple[str, ...] = ()
 
 
 def _opt(default: Any, help: str, group: str, **flag: Any) -> Any:
@@ -176,6 +157,9 @@ class ServeConfig:
         "KVRAY_API_KEY", "env var holding the key on the cluster", NETWORK_GROUP
     )
     device: str = _opt("auto", "auto: cuda when the cluster has GPUs", MODEL_GROUP, choices=DEVICES)
+    attention_backend: str = _opt(  # workers/device/attention_backend.py
+        "auto", "auto: torch (triton: opt-in on CUDA)", MODEL_GROUP, choices=ATTENTION_BACKENDS
+    )
     ingress_replicas: int = _opt(1, "HTTP ingress replicas", REPLICAS_GROUP)
     grpc_max_message_bytes: int = _opt(
         4 * 1024 * 1024,
@@ -285,6 +269,21 @@ class ServeConfig:
         REPLICAS_GROUP,
         name="--no-engine-process",
     )
+    # OpenTelemetry tracing (cluster/tracing.py, docs/serving.md#tracing): off costs nothing.
+    otlp_endpoint: str | None = _opt(
+        None,
+        "export traces over OTLP/HTTP to this URL, e.g. http://collector:4318 (/v1/traces is "
+        "added when the URL has no path); needs pip install 'kvray[otel]' (default: off)",
+        NETWORK_GROUP,
+    )
+    otlp_sample_ratio: float = _opt(
+        1.0, "fraction of new traces kept; an incoming traceparent decides", NETWORK_GROUP
+    )
+    # Tenants and quotas: help and checks in cluster/config_tenants.py.
+    api_keys_file: str | None = tenant_field("api_keys_file")
+    tenant_header: str | None = tenant_field("tenant_header")
+    tenant_requests_per_s: float | None = tenant_field("tenant_requests_per_s")
+    tenant_tokens_per_s: float | None = tenant_field("tenant_tokens_per_s")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -360,6 +359,7 @@ class ServeConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "served_model_name": self.model_name(),
             "device": None if self.device == "auto" else self.device,
+            "attention_backend": self.attention_backend,
             "step_timeout_s": self.step_timeout_s,
             "grammar_timeout_s": self.grammar_timeout_s,
             "grammar_cache_size": self.grammar_cache_size,

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from urllib.parse import urlsplit
+
+from cluster.config_tenants import check_tenants
+from workers.config import ATTENTION_BACKENDS
 
 # The choices of ServeConfig's enumerated fields (cluster/config.py re-exports them).
 ROUTERS = ("prefix_affinity", "power_of_two", "kv_events")
@@ -130,6 +134,11 @@ def validate(cfg: Any) -> None:
     )
     need(cfg.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
     need(
+        cfg.attention_backend in ATTENTION_BACKENDS,
+        "attention_backend",
+        f"must be one of {', '.join(ATTENTION_BACKENDS)}",
+    )
+    need(
         cfg.autoscaling_policy in AUTOSCALING_POLICIES,
         "autoscaling_policy",
         f"must be one of {', '.join(AUTOSCALING_POLICIES)}",
@@ -147,6 +156,24 @@ def validate(cfg: Any) -> None:
     for name in ("upscale_delay_s", "downscale_delay_s"):
         need(is_num(getattr(cfg, name)) and getattr(cfg, name) >= 0, name, "must be a number >= 0")
     need(cfg.request_router in ROUTERS, "request_router", f"must be one of {', '.join(ROUTERS)}")
+    need(
+        cfg.otlp_endpoint is None
+        or (isinstance(cfg.otlp_endpoint, str) and is_http_url(cfg.otlp_endpoint)),
+        "otlp_endpoint",
+        "must be an http:// or https:// URL or null",
+    )
+    need(
+        is_num(cfg.otlp_sample_ratio) and 0 <= cfg.otlp_sample_ratio <= 1,
+        "otlp_sample_ratio",
+        "must be a number in [0, 1]",
+    )
+    check_tenants(cfg)  # the keys file, the tenant header, the default quotas
+
+
+def is_http_url(v: str) -> bool:
+    """An http(s) URL with a host (where the OTLP exporter can POST)."""
+    parts = urlsplit(v)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def is_num(v: object) -> bool:

@@ -29,3 +29,6 @@ class GenerateRequest:
     # replica, and the replicas it failed on (the routers pass them over while others live).
     migration: int = 0
     exclude_replicas: frozenset[str] = frozenset()
+    # Tracing (cluster/tracing.py): the W3C carrier ({"traceparent", "tracestate"}) of the
+    # span this request's replica span hangs under; None when the ingress does not trace.
+    trace_context: dict[str, str] | None = None

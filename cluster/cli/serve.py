@@ -48,7 +48,9 @@ from cluster.cli.ports import (
     stop_processes,
 )
 from cluster.config import ServeConfig
+from cluster.config_tenants import keys_file_missing
 from cluster.serve_env import SERVE_ENV, apply_serve_env
+from cluster.tracing import exporter_missing
 
 logger = logging.getLogger("kvray.serve")
 
@@ -57,6 +59,13 @@ DRAIN_NOTICE_TIMEOUT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "HTTP (OpenAI API): /v1/completions (echo and prompt logprobs for evaluation "
+        "harnesses), /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models, "
+        "/tokenize, /detokenize, /health, /ready; gRPC: kvray.v1.LLMService (Generate, "
+        "GenerateStream, Embed, Tokenize, ListModels). Batch files: `kvray run-batch`. "
+        "Details: docs/contracts.md."
+    )
     add_serve_flags(parser, default_host="127.0.0.1")
     parser.add_argument(
         "--address",
@@ -84,12 +93,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"kvray serve: {err}", file=sys.stderr)
         return 2
+    if not args.address and (missing := keys_file_missing(config)):  # a local Ray reads it here
+        print(f"kvray serve: {missing}", file=sys.stderr)
+        return 2
     api_key = api_key_from(args)
     if not args.address:
         # Before anything imports ray.serve: this process starts the local Serve instance and
         # every Ray process inherits its environment.
         apply_serve_env(tls=config.tls)
-        problem = check_ports(local_listeners(args))
+        # The replicas of a local Ray run this Python: tracing's exporter must be here.
+        problem = exporter_missing(config) or check_ports(local_listeners(args))
         if problem:
             print(f"kvray serve: {problem}", file=sys.stderr)
             return 1
@@ -108,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         shutdown(args.address, drain_timeout_s=0.0)
         return 1
     stop = _install_signal_handlers()
-    print(banner(config, args, api_key is not None, ray_logs_dir()), flush=True)
+    auth = api_key is not None or config.api_keys_file is not None
+    print(banner(config, args, auth, ray_logs_dir()), flush=True)
     while not stop.wait(1.0):
         pass
     logger.info(

@@ -121,24 +121,30 @@ class GrpcIngress:
 
         from cluster.config import resolve_model_dir
         from cluster.grpc_api.servicer import LLMServicer
-        from cluster.ingress.auth import ApiKeyAuth
+        from cluster.grpc_api.tracing import trace_interceptors
         from cluster.ingress.limits import RequestLimits
+        from cluster.ingress.route_spans import route_spans
+        from cluster.ingress.tenant_gate import TenantGate
+        from cluster.ingress.tenants import TenantAuth
         from cluster.routing.metrics import RouterMetrics
         from kvray.v1 import llm_pb2_grpc
         from workers.tokenizer import Tokenizer
 
         self._settings = settings
         host, port = await _listen_address(settings)
+        spans = route_spans(config, GRPC_INGRESS_NAME)  # tracing; None: off
         tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, resolve_model_dir(config))
         self._servicer = LLMServicer(
             llm,
             tokenizer,
             served_model=config.model_name(),
-            auth=ApiKeyAuth.from_env(config.api_key_env),
+            auth=TenantAuth.from_config(config),  # API keys and tenants
+            gate=TenantGate.from_config(config),  # tenants' quotas and metrics
             metrics=RouterMetrics(),
             limits=RequestLimits.from_config(config),
             max_migrations=config.max_migrations,
             queue_timeout_s=config.queue_timeout_s,
+            spans=spans,
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING
@@ -146,10 +152,11 @@ class GrpcIngress:
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         self._server = grpc.aio.server(
+            interceptors=trace_interceptors(spans),
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.so_reuseport", 1),
-            ]
+            ],
         )
         llm_pb2_grpc.add_LLMServiceServicer_to_server(self._servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

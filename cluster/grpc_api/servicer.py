@@ -42,6 +42,8 @@ from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prepare import Preparer
 from cluster.ingress.prompts import Prompts
+from cluster.ingress.tenant_gate import TenantGate
+from cluster.ingress.tenants import bind_tenant
 from cluster.ingress.token_text import TokenStrings
 from cluster.messages import GenerateRequest
 from kvray.v1 import llm_pb2, llm_pb2_grpc
@@ -81,11 +83,14 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         max_migrations: int = DEFAULT_MAX_MIGRATIONS,
         queue_timeout_s: float | None = None,
         spans: RouteSpans | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
         # `spans`: tracing's routing spans (cluster/ingress/route_spans.py); None: off.
         self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s, spans)
         self._preparer = Preparer(Prompts(tokenizer), self._client, limits)
+        # Tenants' quotas and metrics (cluster/ingress/tenant_gate.py); None: no quotas.
+        self._gate = (gate or TenantGate()).serving(self._client)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
         self._token_text = TokenStrings.of(tokenizer)
         self._served_model = served_model
@@ -110,7 +115,8 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         async def body() -> None:
             llm_req, ctx = await self._prepare(request, stream=True)
             state = conv.StreamState()
-            async with contextlib.aclosing(self._client.generate(llm_req)) as outs:
+            outputs = self._gate.metered(self._client.generate(llm_req), llm_req)
+            async with contextlib.aclosing(outputs) as outs:
                 async for out in outs:
                     msg = conv.stream_response(out, state, ctx)
                     if msg is not None:
@@ -156,6 +162,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             prepared = await embeddings.prepare(
                 self._preparer, conv.embed_inputs(request), conv.embed_options(request), "inputs"
             )
+            prepared = await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over quota
             client_id, engine_id = _request_ids(request.request_id)
             self._checked(prepared.params)
             finals = await self._finals(prepared.requests(engine_id))
@@ -176,6 +183,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         conv.check_model(request.model, self._served_model)
         # "prompt" errors of the input check name the member the client set (see status_for).
         prepared = await self._preparer.prepare(conv.GenerateSource(request, stream=stream))
+        prepared = await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over the quota
         client_id, engine_id = _request_ids(request.request_id)
         self._checked(prepared.params)
         logprobs = request.HasField("logprobs")
@@ -195,7 +203,8 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
     async def _final(self, llm_req: GenerateRequest) -> RequestOutput:
         """The last (finished) output of one engine request."""
         last: RequestOutput | None = None
-        async with contextlib.aclosing(self._client.generate(llm_req)) as outs:
+        outputs = self._gate.metered(self._client.generate(llm_req), llm_req)
+        async with contextlib.aclosing(outputs) as outs:
             async for out in outs:
                 last = out
         if last is None:
@@ -221,6 +230,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         code = grpc.StatusCode.OK
         try:
             self._auth.check(_metadata(context, "authorization"))
+            bind_tenant(self._auth, None, _metadata_map(context))  # cluster/ingress/tenants.py
             remaining = context.time_remaining()
             async with asyncio.timeout(remaining):
                 return await body()
@@ -256,6 +266,11 @@ def _request_ids(requested: str) -> tuple[str, str]:
     engine's id is unique even when two clients send the same request_id."""
     client_id = requested or f"grpc-{uuid.uuid4().hex}"
     return client_id, f"{client_id}-{uuid.uuid4().hex[:8]}" if requested else client_id
+
+
+def _metadata_map(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text metadata (binary `-bin` values left out)."""
+    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:

@@ -15,7 +15,8 @@ any size. This ASGI middleware sits in front of the FastAPI app instead:
    first turns of a large burst long (docs/benchmarks.md, "Overload").
 1. The API key (cluster/ingress/auth.py) is checked from the headers alone: a bad or missing
    key is a 401 and the body is never read. Every path but the probes (/health, /ready) is
-   behind the key, FastAPI's /docs, /redoc and /openapi.json included.
+   behind the key, FastAPI's /docs, /redoc and /openapi.json included. The request's tenant
+   (its key's, or its tenant header's: cluster/ingress/tenants.py) is named here too.
 2. A Content-Length over `max_body_bytes` is a 413 at once, unread. A body without one
    (chunked) is read up to the limit and is a 413 as soon as it passes it.
 3. A generation request (POST .../completions, .../responses) beyond `max_in_flight` of
@@ -36,8 +37,9 @@ import asyncio
 import json
 from typing import Any
 
-from cluster.errors import AuthenticationError, KvrayError, QueueFullError
+from cluster.errors import AuthenticationError, InvalidRequestError, KvrayError, QueueFullError
 from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.tenants import bind_tenant
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -117,9 +119,13 @@ class RequestGuard:
         headers = _headers(scope)
         try:
             self.auth.check_path(path, headers.get("authorization"))
+            bind_tenant(self.auth, path, headers)  # for the routes (cluster/ingress/tenants.py)
         except AuthenticationError as err:
             if self.metrics is not None:
                 self.metrics.rejected("unauthenticated")
+            await send_error(send, err)
+            return
+        except InvalidRequestError as err:  # a tenant header that names no tenant: 400
             await send_error(send, err)
             return
         try:

@@ -51,13 +51,16 @@ from cluster.http.protocol import (
 )
 from cluster.http.responses_format import ResponsesFormatter
 from cluster.http.responses_route import add_responses_route
+from cluster.http.tracing import traced_app
 from cluster.ingress import checks
-from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.embeddings import hidden_size
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
+from cluster.ingress.route_spans import route_spans
+from cluster.ingress.tenant_gate import TenantGate
+from cluster.ingress.tenants import TenantAuth
 from cluster.ingress.token_text import TokenStrings
 
 logger = logging.getLogger("ray.serve.kvray.openai")
@@ -83,10 +86,17 @@ class OpenAIIngress:
         self.embedding_size = hidden_size(resolve_model_dir(config))
         self.token_strings = TokenStrings.of(tokenizer)
         self.metrics = RouterMetrics()
+        # Tracing (cluster/http/tracing.py, cluster/ingress/route_spans.py); None: off.
+        self.spans = route_spans(config, "OpenAIIngress")
         self.client = LLMClient(
-            llm, config.max_migrations, self.metrics, queue_timeout_s=config.queue_timeout_s
+            llm,
+            config.max_migrations,
+            self.metrics,
+            queue_timeout_s=config.queue_timeout_s,
+            spans=self.spans,
         )
-        self.auth = ApiKeyAuth.from_env(config.api_key_env)
+        self.auth = TenantAuth.from_config(config)  # API keys and tenants (tenants.py)
+        self.gate = TenantGate.from_config(config, self.client)  # quotas (tenant_gate.py)
         self.limits = RequestLimits.from_config(config)
         self.preparer = Preparer(self.prompts, self.client, self.limits)
         # Set through Serve's user_config when `kvray serve` begins to shut down: /ready is
@@ -110,7 +120,7 @@ class OpenAIIngress:
             self.metrics,
             max_in_flight=self.config.ingress_max_in_flight(),
         )
-        return StatusCounter(guarded, self.metrics)
+        return traced_app(StatusCounter(guarded, self.metrics), self.spans)
 
     # -- pieces the routes use ---------------------------------------------------------------
 
@@ -133,8 +143,9 @@ class OpenAIIngress:
         """Starts one engine request per prompt, answers with JSON or an SSE stream (as the
         SamplingParams' output kind says); `frames` writes the stream (chat's and
         completions' SSE chunks, or /v1/responses' events)."""
+        prepared = await self.gate.admit(prepared)  # 429 over the tenant's quota
         self.metrics.checked("http", prepared.params)
-        outs = [self.client.generate(r) for r in prepared.requests(fmt.id)]
+        outs = [self.gate.metered(self.client.generate(r), r) for r in prepared.requests(fmt.id)]
         try:
             # The first output of every prompt before answering: errors (400/429/503) become
             # a status code, not a broken stream.

@@ -21,6 +21,8 @@
 - Migration: a request whose replica dies (EngineDeadError) continues on another replica,
   token-exact, up to `max_migrations` times (cluster/ingress/migration.py). It sits below
   the coalescing, so it sees every output once.
+- Tracing (`spans`, None when off): each attempt is a `kvray.route` span under the caller's
+  server span, whose context the request carries to the replica (cluster/ingress/route_spans.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from cluster.ingress.migration import migrating
 from workers.inputs import InputChecker
 
 if TYPE_CHECKING:
+    from cluster.ingress.route_spans import RouteSpans
     from cluster.messages import GenerateRequest
     from workers.outputs import RequestOutput
 
@@ -49,6 +52,7 @@ class LLMClient:
         max_migrations: int = DEFAULT_MAX_MIGRATIONS,
         metrics: Any = None,
         queue_timeout_s: float | None = None,
+        spans: RouteSpans | None = None,
     ) -> None:
         # metrics: cluster.routing.metrics.RouterMetrics (migrations), or None (unit use).
         # queue_timeout_s: how long a request waits for a replica that can take it.
@@ -56,6 +60,7 @@ class LLMClient:
         self.max_migrations = max_migrations
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
+        self.spans = spans  # tracing (cluster/ingress/route_spans.py); None: off
         self._stream_handle = handle.options(
             stream=True, request_serialization="pickle", response_serialization="pickle"
         )
@@ -86,6 +91,8 @@ class LLMClient:
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """LLMServer.generate's outputs; errors come out as cluster.errors classes."""
+        if self.spans is not None:
+            request = self.spans.traced(request)  # under the caller's span, taken now
         outputs = (
             migrating(
                 self._attempt, request, self.max_migrations, self.metrics, self.queue_timeout_s
@@ -101,6 +108,9 @@ class LLMClient:
         """One call to one replica."""
         gen = None
         finished = False
+        spans, span = self.spans, None
+        if spans is not None:
+            span, request = spans.start(request)
         try:
             # Serve may refuse at once (BackPressureError): inside the try, so it maps to 429.
             gen = self._stream_handle.generate.remote(request)
@@ -108,7 +118,12 @@ class LLMClient:
                 finished = out.finished
                 yield out
         except Exception as err:
-            raise as_kvray_error(err) from None
+            error = as_kvray_error(err)
+            if spans is not None and span is not None:
+                spans.failed(span, error)
+            raise error from None
         finally:
             if gen is not None and not finished:
                 gen.cancel()  # the consumer left (or we failed): abort the engine request
+            if spans is not None and span is not None:
+                spans.end(span, finished)

@@ -40,8 +40,10 @@ from cluster.errors import (
 )
 from cluster.replica.deadline import with_deadline
 from cluster.replica.engine_restart import EngineSupervisor
+from cluster.replica.engine_spans import replica_spans
 from cluster.replica.kv_publish import kv_publisher
-from cluster.replica.queued_tokens import QueuedTokens, prompt_cost
+from cluster.replica.queued_tokens import QueuedTokens
+from cluster.replica.tenant_share import TenantShare
 from workers.outputs import RequestOutputKind, ended_unrun, is_queue_timeout
 from workers.structured import GRAMMAR_ERROR
 
@@ -90,10 +92,13 @@ class LLMServer:
         self._in_flight = 0
         # Prompt tokens waiting here, against max_queued_tokens (cluster/replica/queued_tokens.py).
         self._queued_tokens = QueuedTokens(config.max_queued_tokens)
+        self._share = TenantShare()  # each tenant's share of a full queue (tenant_share.py)
         # Streamed generate() calls in flight: what the chunk interval follows.
         self._streams = 0
         self._replica = _replica_name()
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
+        # Tracing (cluster/replica/engine_spans.py); None: off, nothing traced.
+        self._spans = replica_spans(config, self._replica, self._model_name)
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
         self._supervise_task = asyncio.get_running_loop().create_task(self._supervisor.run())
         # KV events for the kv_events router, through routing stats (None: another router).
@@ -142,7 +147,7 @@ class LLMServer:
         streamed = inp.params.output_kind is RequestOutputKind.DELTA
         queue_timeout_s = self._queue_time_left(request)
         queued = self._queued()
-        if queued >= self._config.max_queued_requests:
+        if not self._share.admits(inp, queued, self._config.max_queued_requests):
             raise QueueFullError(
                 f"too many requests waiting on this replica ({queued} >= "
                 f"max_queued_requests={self._config.max_queued_requests}); retry later"
@@ -155,11 +160,13 @@ class LLMServer:
                 self._replica,
                 len(inp.resume),
             )
-        self._queued_tokens.admit(request.request_id, prompt_cost(inp), self._engine.stats())
         # Samples this call counts in `_in_flight`: a resumed request runs only its unfinished.
         held = len(inp.resume) or inp.params.n
+        self._share.enter(self._queued_tokens, request.request_id, inp, held, self._engine.stats())
         self._in_flight += held
         self._streams += streamed
+        spans = self._spans
+        span = spans.start(request, queued) if spans is not None else None
         finished = cancelled = False
         try:
             stream = self._engine.generate_input(inp, request.request_id, queue_timeout_s)
@@ -170,6 +177,7 @@ class LLMServer:
                 stream = coalesced(stream, self._interval)
             async with contextlib.aclosing(stream):
                 async for out in stream:
+                    self._share.started(request.request_id)
                     if out.finished:
                         finished = True
                         # Out of the count now, not when Serve closes this generator later.
@@ -184,6 +192,8 @@ class LLMServer:
                                 f"within grammar_timeout_s ({self._config.grammar_timeout_s:g} s)",
                             )
                         self._metrics.observe_finished(out)
+                        if spans is not None and span is not None:
+                            spans.finished(span, out)
                     yield out
         except ValueError as err:  # the engine refused it (e.g. a request id already in use)
             raise invalid_from_value_error(err, default_field="prompt") from None
@@ -200,11 +210,14 @@ class LLMServer:
             self._streams -= streamed
             self._in_flight -= held
             self._queued_tokens.release(request.request_id)
+            self._share.left(request.request_id)
             if not finished:
                 # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
                 self._engine.abort(request.request_id)
                 if cancelled:
                     self._metrics.observe_aborted()
+            if spans is not None and span is not None:
+                spans.end(span, finished)  # records the error leaving, if any
 
     def _queue_time_left(self, request: GenerateRequest) -> float | None:
         """What is left of queue_timeout_s once the time before this replica took the

@@ -23,6 +23,7 @@ side of refusing, and lasts one step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cluster.errors import QueueFullError
@@ -61,10 +62,19 @@ class QueuedTokens:
         unseen = sum(tokens for _, tokens in self._unseen.values())
         return stats.num_waiting_prefill_tokens + unseen
 
-    def admit(self, request_id: str, cost: int, stats: EngineStats) -> None:
-        """Counts the request in, or raises QueueFullError (429) naming the limit."""
+    def admit(
+        self,
+        request_id: str,
+        cost: int,
+        stats: EngineStats,
+        under_share: Callable[[int, int], bool] | None = None,
+    ) -> None:
+        """Counts the request in, or raises QueueFullError (429) naming the limit. Over the
+        limit, `under_share(waiting, limit)` True takes it anyway: its tenant holds less than
+        its share of the limit (cluster/replica/tenant_share.py)."""
         waiting = self.waiting(stats)
-        if waiting > 0 and waiting + cost > self.limit:
+        over = waiting > 0 and waiting + cost > self.limit
+        if over and not (under_share is not None and under_share(waiting, self.limit)):
             raise QueueFullError(
                 f"too many prompt tokens waiting on this replica ({waiting} + this request's "
                 f"{cost} > max_queued_tokens={self.limit}); retry later"

@@ -362,3 +362,17 @@ def test_migration_settings_reach_the_app_and_fit_the_pod_grace_period(render):
     with pytest.raises(helm_python.HelmError) as info:
         render(values)
     assert "terminationGracePeriodSeconds" in str(info.value)
+
+
+def test_tracing_reaches_the_app_only_when_set(render):
+    """serve.otlpEndpoint becomes the app's otlp_endpoint (with the sample ratio); unset,
+    tracing is off and the args say nothing about it."""
+    from cluster.config import ServeConfig
+
+    args = serve_config(only(render(None), "RayService"))["applications"][0]["args"]
+    assert "otlp_endpoint" not in args and "otlp_sample_ratio" not in args
+    values = {"serve": {"otlpEndpoint": "http://otel-collector:4318", "otlpSampleRatio": 0.25}}
+    args = serve_config(only(render(values), "RayService"))["applications"][0]["args"]
+    config = ServeConfig.from_args(args)
+    assert config.otlp_endpoint == "http://otel-collector:4318"
+    assert config.otlp_sample_ratio == 0.25

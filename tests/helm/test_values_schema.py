@@ -29,6 +29,7 @@ def _error(render, values) -> str:
         ({"model": {"volume": {"type": "hostPath"}}}, ["/model/volume/hostPath/path"]),
         ({"head": {"rayStartParams": {"num-cpus": 2}}}, ["/head/rayStartParams/num-cpus"]),
         ({"serve": {"httpPort": 70000}}, ["/serve/httpPort"]),
+        ({"serve": {"otlpEndpoint": "otel-collector:4318"}}, ["/serve/otlpEndpoint"]),
         ({"worker": {"resources": {"limits": {"cpu": "lots"}}}}, ["/worker/resources/limits/cpu"]),
         ({"head": {"labels": {"app.kubernetes.io/name": "x"}}}, ["/head/labels/app.kubernetes.io"]),
     ],

@@ -51,11 +51,17 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_router_rejected_total": "counter",
     "kvray_request_migrations_total": "counter",
     "kvray_migration_resume_seconds": "histogram",
+    "kvray_tenant_requests_total": "counter",
+    "kvray_tenant_tokens_total": "counter",
+    "kvray_tenant_rejected_total": "counter",
+    "kvray_tenant_queue_time_seconds": "histogram",
 }
 # Recorded by the ingresses (no model/replica labels); the rest by engine replicas.
 MIGRATION_METRICS = ("kvray_request_migrations_total", "kvray_migration_resume_seconds")
 INGRESS_METRICS = {
-    n for n in KVRAY_METRICS if n.startswith("kvray_router_") or n in MIGRATION_METRICS
+    n
+    for n in KVRAY_METRICS
+    if n.startswith(("kvray_router_", "kvray_tenant_")) or n in MIGRATION_METRICS
 }
 ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if n not in INGRESS_METRICS}
 # Histograms that exist only once their event happened (Ray exports no empty histogram):

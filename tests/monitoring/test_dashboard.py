@@ -127,6 +127,7 @@ def test_dashboard_covers_the_capacity_topics() -> None:
         "Structured outputs",
         "Errors and rejections",
         "Capacity and headroom",
+        "Tenants",
     }
 
 

@@ -84,6 +84,20 @@ and the Secret's keys (tls.crt, tls.key) are those of every kubernetes.io/tls Se
 {{- end }}
 
 {{/*
+The API-keys file (apiKeysFile): where its Secret is mounted in the Ray containers, and the
+file the application's api_keys_file names; empty when there is none.
+*/}}
+{{- define "kvray.apiKeysDir" -}}
+/etc/kvray/api-keys
+{{- end }}
+
+{{- define "kvray.apiKeysFile" -}}
+{{- if .Values.apiKeysFile.existingSecret }}
+{{- printf "%s/%s" (include "kvray.apiKeysDir" .) .Values.apiKeysFile.secretKey }}
+{{- end }}
+{{- end }}
+
+{{/*
 Cross-field checks the JSON schema cannot express; they fail the render with a message that
 names the values involved.
 */}}

@@ -14,6 +14,8 @@ the tokenizer (the gRPC one is pinned to the head; the HTTP one takes no CPU and
 {{- /* TLS: the Secret goes to the Ray container of every pod: Serve runs an HTTP proxy on each
 (proxy_location EveryNode) and the gRPC ingress runs on the head. */}}
 {{- $tls := $v.tls.enabled -}}
+{{- /* The API-keys file's Secret: to the Ray container of every pod, where ingresses may run. */}}
+{{- $keys := $v.apiKeysFile.existingSecret -}}
 metadata:
   labels:
     {{- include "kvray.podLabels" $root | nindent 4 }}
@@ -137,7 +139,7 @@ spec:
         {{- else }}
         {{- toYaml $group.resources | nindent 8 }}
         {{- end }}
-      {{- if or (ne $vol.type "none") $tls }}
+      {{- if or (ne $vol.type "none") $tls $keys }}
       volumeMounts:
         {{- if ne $vol.type "none" }}
         - name: model
@@ -150,6 +152,11 @@ spec:
         {{- if $tls }}
         - name: tls
           mountPath: {{ include "kvray.tlsDir" $root }}
+          readOnly: true
+        {{- end }}
+        {{- if $keys }}
+        - name: api-keys
+          mountPath: {{ include "kvray.apiKeysDir" $root }}
           readOnly: true
         {{- end }}
       {{- end }}
@@ -185,7 +192,7 @@ spec:
         timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
         failureThreshold: {{ $p.readiness.failureThreshold }}
       {{- end }}
-  {{- if or (ne $vol.type "none") $tls }}
+  {{- if or (ne $vol.type "none") $tls $keys }}
   volumes:
     {{- if ne $vol.type "none" }}
     - name: model
@@ -212,6 +219,16 @@ spec:
         secretName: {{ $v.tls.existingSecret }}
         {{- /* The key readable by the pod's group only (fsGroup owns Secret volumes); without
         an fsGroup the files stay root's, so they must be world-readable for the ray user. */}}
+        defaultMode: {{ ternary "0440" "0444" (hasKey (default dict $v.podSecurityContext) "fsGroup") }}
+    {{- end }}
+    {{- if $keys }}
+    - name: api-keys
+      secret:
+        secretName: {{ $keys }}
+        items:
+          - key: {{ $v.apiKeysFile.secretKey }}
+            path: {{ $v.apiKeysFile.secretKey }}
+        {{- /* As the TLS key: readable by the pod's group only when it has an fsGroup. */}}
         defaultMode: {{ ternary "0440" "0444" (hasKey (default dict $v.podSecurityContext) "fsGroup") }}
     {{- end }}
   {{- end }}

@@ -28,9 +28,15 @@ the application's own defaults apply.
 }}
 {{- with .Values.model.path }}{{ $_ := set $args "model" . }}{{ end }}
 {{- with .Values.model.servedModelName }}{{ $_ := set $args "served_model_name" . }}{{ end }}
+{{- with $s.otlpEndpoint }}
+{{- $_ := set $args "otlp_endpoint" . }}
+{{- $_ := set $args "otlp_sample_ratio" (float64 $s.otlpSampleRatio) }}
+{{- end }}
 {{- if not (kindIs "invalid" $e.maxModelLen) }}{{ $_ := set $args "max_model_len" (int64 $e.maxModelLen) }}{{ end }}
 {{- if not (kindIs "invalid" $e.kvCacheMemoryBytes) }}{{ $_ := set $args "kv_cache_memory_bytes" (int64 $e.kvCacheMemoryBytes) }}{{ end }}
 {{- if not (kindIs "invalid" $e.maxNumBatchedTokens) }}{{ $_ := set $args "max_num_batched_tokens" (int64 $e.maxNumBatchedTokens) }}{{ end }}
+{{- /* The API-keys file: the ingresses read it where they run (the Secret's mount). */}}
+{{- with include "kvray.apiKeysFile" . }}{{ $_ := set $args "api_keys_file" . }}{{ end }}
 {{- /* gRPC over TLS: the gRPC ingress reads these files on the head (the Secret's mount). */}}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $args "tls_cert_file" (include "kvray.tlsCertFile" .) }}

@@ -214,3 +214,25 @@ def test_responses_requests_count_against_the_cap_too() -> None:
         return [c.sent[0]["status"] for c in (*calls, held)]
 
     assert asyncio.run(main()) == [429, 429, 200, 200]
+
+
+def test_the_app_sees_the_tenant_and_a_bad_tenant_header_is_400_unread() -> None:
+    from cluster.ingress.tenants import TenantAuth, current_tenant
+
+    async def tenant_app(scope: dict, receive: Any, send: Any) -> None:
+        await receive()
+        body = json.dumps({"tenant": current_tenant()}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    auth = TenantAuth(KEY, header="x-tenant-id")
+    key = {"authorization": f"Bearer {KEY}"}
+    for headers, tenant in (({"x-tenant-id": "acme"}, "acme"), ({}, "default")):
+        call = Call([b"{}"], {**key, **headers})
+        asyncio.run(RequestGuard(tenant_app, auth, LIMIT)(call.scope, call.receive, call.send))
+        assert json.loads(call.sent[1]["body"]) == {"tenant": tenant}
+    call = Call([b"{}"], {**key, "x-tenant-id": "no spaces please"})
+    status, body = call.run(auth)
+    assert status == 400 and call.pulled == 0
+    assert _openai_error(body, 400)["param"] == "x-tenant-id"
+    assert Call([b"{}"], {"x-tenant-id": "acme"}).run(auth)[0] == 401  # the key still rules

@@ -1,7 +1,5 @@
-"""cluster.replica.metrics and cluster.routing.metrics through the real path: a Ray actor
-records (as an LLMServer replica or an ingress does), Ray's metrics agent exports (a free port,
-1 s interval), each test scrapes until the values show up. Real engine dataclasses are fed in.
-"""
+"""Engine, router and tenant metrics (cluster/{replica,routing,ingress}) the real way: an actor
+records, Ray's agent exports (1 s interval), each test scrapes until real data shows up."""
 
 from __future__ import annotations
 
@@ -33,11 +31,12 @@ class MetricsHost:
     """Stands where LLMServer and the ingresses hold their metrics objects."""
 
     def __init__(self, model: str, replica: str) -> None:
+        from cluster.ingress.tenant_metrics import TenantMetrics
         from cluster.replica.metrics import EngineMetrics
         from cluster.routing.metrics import RouterMetrics
 
         self.engine = EngineMetrics(model=model, replica=replica)
-        self.router = RouterMetrics()
+        self.router, self.tenants = RouterMetrics(), TenantMetrics(["acme"])
 
     def call(self, target: str, method: str, *args: Any) -> None:
         getattr(getattr(self, target), method)(*args)
@@ -342,6 +341,7 @@ def feed_one_of_everything(host: Host) -> None:
     host.call("router", "request", "http", "200")
     host.call("router", "routing", "load")
     host.call("router", "rejected", "queue_full")
+    host.call("tenants", "queue_time", "acme", 0.01)  # a histogram exists once observed
 
 
 def all_families(s: Scrape) -> bool:

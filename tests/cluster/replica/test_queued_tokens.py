@@ -74,3 +74,20 @@ def test_released_and_rebuilt_engine_forget_admissions() -> None:
     assert q.waiting(_stats(steps=40)) == 200
     assert q.waiting(_stats(steps=3)) == 0  # step count went down: a new engine
     q.release("never-admitted")  # harmless
+
+
+def test_over_the_limit_a_tenant_under_its_share_is_taken_anyway() -> None:
+    q = QueuedTokens(limit=500)
+    q.admit("a", 400, _stats())
+    asked: list[tuple[int, int]] = []
+
+    def under(waiting: int, limit: int) -> bool:
+        asked.append((waiting, limit))
+        return True
+
+    q.admit("b", 200, _stats(), under)
+    assert asked == [(400, 500)] and q.waiting(_stats()) == 600
+    with pytest.raises(QueueFullError):
+        q.admit("c", 200, _stats(), lambda waiting, limit: False)
+    below = QueuedTokens(limit=500)
+    below.admit("d", 1, _stats(), lambda waiting, limit: pytest.fail("asked below the limit"))

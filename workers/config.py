@@ -11,6 +11,7 @@ from typing import Any
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
+from workers.rope_config import RopeConfig
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -20,7 +21,6 @@ SUPPORTED_ARCHITECTURES = (
     *MOE_ARCHITECTURES,
     *GEMMA_ARCHITECTURES,
 )
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # Defaults written once; EngineArgs, the configs and `LLM(...)` point here.
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block
@@ -36,40 +36,6 @@ DEFAULT_PRIORITY_AGING_S = 10.0
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int | None = None
-
-    @staticmethod
-    def from_hf(cfg: dict[str, Any]) -> RopeConfig:
-        """Reads both spellings: `rope_parameters` (new) and `rope_theta`/`rope_scaling` (old)."""
-        params = cfg.get("rope_parameters")
-        if params is None:
-            params = dict(cfg.get("rope_scaling") or {})
-            if "rope_theta" in cfg:
-                params.setdefault("rope_theta", cfg["rope_theta"])
-        params = dict(params)
-        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"rope type {rope_type!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-            )
-        return RopeConfig(
-            theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            rope_type=rope_type,
-            factor=float(params.get("factor", 1.0)),
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=params.get("original_max_position_embeddings"),
-        )
 
 
 @dataclass(frozen=True)
@@ -239,6 +205,10 @@ class StructuredConfig:
     grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S
 
 
+# EngineArgs.attention_backend (workers/device/attention_backend.py).
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     """User-facing knobs; the same names as `LLM(...)` keyword arguments."""
@@ -264,6 +234,8 @@ class EngineArgs:
     compile_min_tokens: int | None = None
     # The CPU C kernels (workers/device/layers/cpu_kernels) where they apply; False: torch's ops.
     cpu_kernels: bool = True
+    # "auto" | "triton" | "torch" (workers/device/attention_backend.py).
+    attention_backend: str = "auto"
     priority_aging_s: float = DEFAULT_PRIORITY_AGING_S
     # Mixture-of-experts models: split the experts across the TP ranks (whole experts per
     # rank) instead of slicing every expert (workers/device/layers/moe.py ExpertPartition).
@@ -290,6 +262,11 @@ class EngineArgs:
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
                 raise ValueError(f"{name} must be a number > 0, got {t!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
+            )
         limit = model.max_position_embeddings
         if model.sliding_window:
             # No sliding-window attention kernel: cap the context so full attention is exact.
@@ -333,6 +310,7 @@ class EngineArgs:
                 self.compile, platform.device_type, self.max_num_seqs, self.compile_min_tokens
             ),
             cpu_kernels=bool(self.cpu_kernels),
+            attention_backend=self.attention_backend,
         )
 
 
@@ -386,6 +364,7 @@ class EngineConfig:
     structured: StructuredConfig = StructuredConfig()
     compilation: CompilationConfig = CompilationConfig()
     cpu_kernels: bool = True  # EngineArgs.cpu_kernels
+    attention_backend: str = "auto"  # EngineArgs.attention_backend
 
     @property
     def torch_dtype(self):  # noqa: ANN201

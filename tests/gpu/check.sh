@@ -2,7 +2,7 @@
 # GPU check, run by hand on a CUDA machine (CI has no GPU). Stages, each time-boxed and logged
 # to OUT_DIR/<stage>.log, so that one failing stage still leaves the others' results:
 #   env     the device, torch and transformers versions;
-#   parity  TP=1 greedy parity against transformers in float32 on CUDA, eager and compiled
+#   parity  TP=1 greedy parity against transformers in float32 on CUDA, eager and compiled, torch and triton attention
 #           (torch.compile pieces + CUDA graphs of decode batches, whose replays it counts);
 #   profile tests/gpu/step_profile.py: decode ms/step at batch 1-128 and a prefill step, eager
 #           against compiled, and a torch.profiler table of each;
@@ -45,7 +45,7 @@ torch.cuda.get_device_name(0))'"
 # The repo's conftest starts Ray for the cluster tests; the parity test needs none of it.
 XDIST=()
 if $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n 8); fi
-stage parity 100 $PY -m pytest -q --noconftest -p no:cacheprovider "${XDIST[@]}" \
+stage parity 160 $PY -m pytest -q --noconftest -p no:cacheprovider "${XDIST[@]}" \
     tests/gpu/test_cuda_parity.py
 
 stage profile 200 $PY tests/gpu/step_profile.py --model "$MODEL" --out "$OUT"

@@ -16,14 +16,22 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.mark.parametrize(
-    ("compile", "min_tokens"),
-    [(False, None), (True, None), (True, 0)],
-    ids=["eager", "graphs", "every-step"],
+    ("compile", "min_tokens", "backend"),
+    [
+        (False, None, "torch"),
+        (True, None, "torch"),
+        (True, 0, "torch"),
+        (False, None, "triton"),
+        (True, None, "triton"),
+    ],
+    ids=["eager", "graphs", "every-step", "triton-eager", "triton-graphs"],
 )
 @pytest.mark.parametrize("kind", KINDS)
 def test_cuda_greedy_matches_transformers(
-    kind: str, compile: bool, min_tokens: int | None, tmp_path
+    kind: str, compile: bool, min_tokens: int | None, backend: str, tmp_path
 ) -> None:
+    if backend == "triton":
+        pytest.importorskip("triton")
     from transformers import AutoModelForCausalLM
 
     from workers import LLM, SamplingParams
@@ -38,7 +46,9 @@ def test_cuda_greedy_matches_transformers(
         compile=compile,
         compile_min_tokens=min_tokens,
         kv_cache_memory_bytes=1 << 30,
+        attention_backend=backend,  # workers/device/attention_backend.py
     )
+    assert llm.engine.executor.worker.attention_backend.name == backend
     compiled = llm.engine.executor.worker.forward.compiled
     if compile:  # decode-only steps replay CUDA graphs, one set per capture size
         assert compiled is not None and compiled.graphs is not None and compiled.graphs.sets

@@ -54,13 +54,23 @@ def _full(s) -> torch.Tensor:  # noqa: ANN001
 
 
 class _Target:
-    """Where one checkpoint tensor goes: a parameter, an offset into its rows, a slicer."""
+    """Where one checkpoint tensor goes: a parameter, an offset into its rows, a slicer, and
+    what turns the checkpoint's values into the parameter's (Gemma's norms fold 1 + w)."""
 
-    def __init__(self, param: torch.Tensor, slicer: Slicer, row_offset: int | None = None):
+    def __init__(
+        self,
+        param: torch.Tensor,
+        slicer: Slicer,
+        row_offset: int | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.param, self.slicer, self.row_offset = param, slicer, row_offset
+        self.transform = transform
 
     def load(self, lazy) -> None:  # noqa: ANN001
         t = self.slicer(lazy)
+        if self.transform is not None:
+            t = self.transform(t)
         dst = self.param.data
         if self.row_offset is not None:
             dst = dst[self.row_offset : self.row_offset + t.shape[0]]
@@ -89,7 +99,7 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
         "model.embed_tokens.weight": _Target(
             model.embed_tokens.weight, _rows(vocab_start, vocab_rows), row_offset=0
         ),
-        "model.norm.weight": _Target(model.norm.weight, _full),
+        "model.norm.weight": _norm(model.norm),
     }
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = _Target(
@@ -99,10 +109,9 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
         p = f"model.layers.{i}."
         a, m = layer.self_attn, layer.mlp
         qkv = a.qkv_proj
-        out[p + "input_layernorm.weight"] = _Target(layer.input_layernorm.weight, _full)
-        out[p + "post_attention_layernorm.weight"] = _Target(
-            layer.post_attention_layernorm.weight, _full
-        )
+        for norm in _LAYER_NORMS:  # Gemma 3 has all four, the others the first two
+            if hasattr(layer, norm):
+                out[p + f"{norm}.weight"] = _norm(getattr(layer, norm))
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
             param = getattr(qkv, kind)
             out[p + f"self_attn.q_proj.{kind}"] = _Target(param, _rows(tp.rank * q_per, q_per), 0)
@@ -114,8 +123,8 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
             )
         out[p + "self_attn.o_proj.weight"] = _Target(a.o_proj.weight, _cols(tp.rank * q_per, q_per))
         if a.q_norm is not None:
-            out[p + "self_attn.q_norm.weight"] = _Target(a.q_norm.weight, _full)
-            out[p + "self_attn.k_norm.weight"] = _Target(a.k_norm.weight, _full)
+            out[p + "self_attn.q_norm.weight"] = _norm(a.q_norm)
+            out[p + "self_attn.k_norm.weight"] = _norm(a.k_norm)
         if isinstance(m, SparseMoeBlock):
             out.update(_moe_targets(p, m, c))
             continue
@@ -124,6 +133,20 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
         out[p + "mlp.up_proj.weight"] = _Target(gu, _rows(tp.rank * inter, inter), inter)
         out[p + "mlp.down_proj.weight"] = _Target(m.down_proj.weight, _cols(tp.rank * inter, inter))
     return out
+
+
+_LAYER_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
+
+
+def _norm(module: torch.nn.Module) -> _Target:
+    """A norm's weight, whole on every rank, through the module's `from_checkpoint` if it has
+    one (GemmaRMSNorm stores 1 + w)."""
+    return _Target(module.weight, _full, transform=getattr(module, "from_checkpoint", None))
 
 
 def _moe_targets(prefix: str, m: SparseMoeBlock, c: ModelConfig) -> dict[str, _Target]:

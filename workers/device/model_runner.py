@@ -13,6 +13,7 @@ import torch
 
 from workers.device.layers.attention import AttentionMetadata, PrefillSeq
 from workers.device.layers.cpu_kernels import tiled_kernels
+from workers.device.layers.triton_metadata import build_triton_metadata
 from workers.sampling_params import SamplingParams
 
 
@@ -65,10 +66,15 @@ class ModelInput:
 
 
 def prepare_inputs(
-    states: list[SeqState], block_size: int, device: torch.device, cpu_kernel: object = None
+    states: list[SeqState],
+    block_size: int,
+    device: torch.device,
+    cpu_kernel: object = None,
+    triton_block_q: int = 0,
 ) -> ModelInput:
     """`cpu_kernel`: the loaded CPU kernel library (workers/device/layers/cpu_kernels/), or
-    None for the torch path."""
+    None for the torch path. `triton_block_q` > 0: the triton backend, whose metadata
+    (`meta.triton`) replaces the torch path's masks and gathered slots (cpu_kernel None)."""
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
     kernel_prefills: list[SeqState] = []
@@ -109,7 +115,7 @@ def prepare_inputs(
         slot_parts.append(tables[np.arange(d), ctx // bs] * bs + ctx % bs)
         if cpu_kernel is not None:
             lens[:d] = ctx + 1
-        else:
+        elif not triton_block_q:
             decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
             # Causal: a decode at position p attends to positions 0..p.
             mask = np.arange(max_blocks * bs)[None, :] <= ctx[:, None]
@@ -142,7 +148,7 @@ def prepare_inputs(
     for s in prefills:
         chunk_rows.append((s, offset))
         start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
-        if start == 0:
+        if start == 0 or triton_block_q:
             slots = mask = None
         else:
             ctx_pos = np.arange(end, dtype=np.int64)
@@ -168,6 +174,15 @@ def prepare_inputs(
         num_row_kernel_rows=num_row_rows if cpu_kernel is not None else 0,
         prefill_chunks=torch.tensor(chunks, dtype=torch.int64) if chunks else None,
     )
+    if triton_block_q:
+        rows = decodes + prefills  # the batch's row order
+        meta.triton = build_triton_metadata(
+            [s.num_scheduled for s in rows],
+            [s.num_computed_tokens + s.num_scheduled for s in rows],
+            [s.block_ids for s in rows],
+            triton_block_q,
+            device,
+        )
     prompt_chunks, pool_chunks = _prompt_and_pool_chunks(chunk_rows, logits_idx)
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),

@@ -15,6 +15,7 @@ import torch
 
 from workers.config import EngineConfig
 from workers.core.step import GrammarBitmask, StepInput, StepOutput
+from workers.device.attention_backend import AttentionBackend
 from workers.device.distributed import TPGroup
 from workers.device.forward import ForwardStrategy, ModelForward
 from workers.device.layers.sampler import greedy_tokens
@@ -76,6 +77,14 @@ class Worker:
         )
         # The library the attention metadata hands the kernels (None: torch's paths).
         self.cpu_kernel = self.forward.strategy.kernels.lib
+        self.attention_backend = AttentionBackend.choose(config.attention_backend, device.type)
+        log.info("Attention backend: %s", self.attention_backend)
+        # Query tokens per triton program (0: the torch path); the triton backend takes every
+        # row's attention, so the CPU kernels' attention rows are off (their GEMMs stay on).
+        self.triton_block_q = 0
+        if self.attention_backend.name == "triton":
+            self.triton_block_q = _triton_block_q(self.model)
+            self.cpu_kernel = None
         # Start-up seconds the compiled forward cost; None: it runs eagerly.
         self.compile_s = None if self.forward.compiled is None else self.forward.compiled.compile_s
 
@@ -171,7 +180,9 @@ class Worker:
         order = self._apply(step)
         if not order:
             return StepOutput([], []) if self.is_driver else None
-        inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
+        inp = prepare_inputs(
+            order, self.block_size, self.device, self.cpu_kernel, self.triton_block_q
+        )
         x = self.forward.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
         # Every rank takes the same branch (the same inputs): the LM head's gather is a
         # collective under tensor parallelism.
@@ -216,6 +227,15 @@ class Worker:
         out = self.sampler(logits.float(), batch)
         logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
         return StepOutput(ids, out.token_ids.tolist(), logprobs)
+
+
+def _triton_block_q(model: torch.nn.Module) -> int:
+    """The triton backend's query tokens per program, from the model's (this rank's) heads."""
+    from workers.device.layers.attention import PagedAttention
+    from workers.device.layers.triton_metadata import block_q_for
+
+    attn = next(m for m in model.modules() if isinstance(m, PagedAttention))
+    return block_q_for(attn.num_heads, attn.num_kv_heads)
 
 
 def _build_forward(

@@ -57,6 +57,9 @@ class AttentionMetadata:
     # when there are none), through the prefill kernel.
     num_row_kernel_rows: int = 0
     prefill_chunks: torch.Tensor | None = None
+    # The triton backend (workers/device/attention_backend.py): the step's tables for its
+    # kernels (workers/device/layers/triton_metadata.py); set, the fields above are unused.
+    triton: object | None = None
 
 
 class PagedAttention(nn.Module):
@@ -80,6 +83,12 @@ class PagedAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
+        if meta.triton is not None:
+            # One launch for the K/V store and one for every row's attention, in place.
+            from workers.device.layers import triton_attention as ta
+
+            ta.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            return ta.paged_attention_step(q, k_cache, v_cache, meta.triton, self.scale)
         nb, bs = k_cache.shape[:2]
         k_flat = k_cache.view(nb * bs, self.num_kv_heads, self.head_dim)
         v_flat = v_cache.view(nb * bs, self.num_kv_heads, self.head_dim)

@@ -1,6 +1,6 @@
 """RMSNorm computed in float32 and cast back, matching the reference implementation bit for bit
 (on CPU in float32 one C kernel call, equal up to float rounding:
-workers/device/layers/cpu_kernels/)."""
+workers/device/layers/cpu_kernels/); Gemma's x * (1 + w) variant, GemmaRMSNorm."""
 
 from __future__ import annotations
 
@@ -24,3 +24,28 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: x * (1 + w), all in float32, cast to x's dtype last.
+
+    The weight is stored folded: `from_checkpoint` turns the checkpoint's w (zero-centred) into
+    1 + w once at load time, in float32 after rounding w to the model dtype, which is the value
+    transformers computes per call (`1.0 + self.weight.float()`), so the product is bit for bit
+    its product. In float32 this is RMSNorm's arithmetic with that weight, so the CPU norm
+    kernel (x * w) runs it unchanged."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__(dim, eps, dtype)
+        self.model_dtype = dtype
+        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32), requires_grad=False)
+
+    def from_checkpoint(self, w: torch.Tensor) -> torch.Tensor:
+        return 1.0 + w.to(self.model_dtype).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_kernels is not None:
+            return rms_norm_cpu(self.cpu_kernels, x, self.weight, self.eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * self.weight).to(x.dtype)

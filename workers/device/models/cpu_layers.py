@@ -119,6 +119,12 @@ class CpuLayers:
             # and dense linears still call the kernels.
             log.info("mixture-of-experts model: the MoE MLP runs on torch ops")
             return None
+        if getattr(model.config, "gemma", None) is not None:
+            # The calls below are Llama's layer (norms around the residual, SiLU): Gemma's
+            # runs through its modules, whose norms, rotary, attention and linears call the
+            # kernels (its GeGLU activation is torch's gelu).
+            log.info("Gemma 3 model: its layers run as modules (no direct kernel calls)")
+            return None
         handle = register(lib)
         for layer in model.layers:
             for module in layer.modules():

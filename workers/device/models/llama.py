@@ -20,7 +20,15 @@ from workers.device.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, rotary: RotaryEmbedding):
+    def __init__(
+        self,
+        c: ModelConfig,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        rotary: RotaryEmbedding,
+        norm: type[RMSNorm] = RMSNorm,  # the q/k norms' class (Gemma's: GemmaRMSNorm)
+        scale: float | None = None,  # None: head_dim ** -0.5
+    ):
         super().__init__()
         self.num_heads = c.num_heads // tp.size
         self.num_kv_heads = c.kv_heads_per_rank(tp.size)
@@ -31,11 +39,11 @@ class Attention(nn.Module):
             c.hidden_size, [self.q_size, self.kv_size, self.kv_size], c.qkv_bias, tp, dtype
         )
         self.o_proj = RowParallelLinear(self.q_size, c.hidden_size, False, tp, dtype)
-        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
-        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.q_norm = norm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.k_norm = norm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
         self.attn = PagedAttention(
-            self.num_heads, self.num_kv_heads, c.head_dim, scale=c.head_dim**-0.5
+            self.num_heads, self.num_kv_heads, c.head_dim, scale=scale or c.head_dim**-0.5
         )
 
     def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:

@@ -1,0 +1,176 @@
+"""The Triton paged-attention and KV-store kernels, on CPU under Triton's interpreter, against
+dense torch attention over each sequence's gathered context (float32, small shapes)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tests.triton_interpret import interpreted_kernels
+from workers.device.layers.triton_metadata import block_q_for, program_table
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Iterator[ModuleType]:
+    yield from interpreted_kernels()
+
+
+def _reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: list[list[int]],
+    query_lens: list[int],
+    seq_lens: list[int],
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """Per sequence: gather its context through its block table, then dense attention with
+    a causal (and window) mask, query heads grouped over KV heads."""
+    bs = k_cache.shape[1]
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.empty_like(q)
+    row = 0
+    for table, qn, total in zip(tables, query_lens, seq_lens, strict=True):
+        pos = torch.arange(total)
+        slots = torch.tensor(table)[pos // bs] * bs + pos % bs
+        k = k_cache.flatten(0, 1)[slots].repeat_interleave(group, 1).transpose(0, 1)
+        v = v_cache.flatten(0, 1)[slots].repeat_interleave(group, 1).transpose(0, 1)
+        qp = torch.arange(total - qn, total)
+        mask = pos[None, :] <= qp[:, None]
+        if window:
+            mask &= pos[None, :] > qp[:, None] - window
+        qs = q[row : row + qn].transpose(0, 1)
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+        out[row : row + qn] = o.transpose(0, 1)
+        row += qn
+    return out
+
+
+def _run(
+    mod: ModuleType,
+    query_lens: list[int],
+    seq_lens: list[int],
+    *,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 32,
+    block_size: int = 16,
+    window: int = 0,
+    tile: int | None = None,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    # Each sequence's blocks scattered over the pool (not contiguous, not in order).
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    tables, i = [], 0
+    for n in blocks_per_seq:
+        tables.append(perm[i : i + n])
+        i += n
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=g)
+    v_cache = torch.randn(shape, generator=g)
+    q = torch.randn(sum(query_lens), heads, head_dim, generator=g)
+    scale = head_dim**-0.5
+
+    max_blocks = max(blocks_per_seq)
+    bt = torch.zeros(len(tables), max_blocks, dtype=torch.int32)
+    for r, t in enumerate(tables):
+        bt[r, : len(t)] = torch.tensor(t)
+    qlens = np.asarray(query_lens, dtype=np.int32)
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32))
+    block_q = block_q_for(heads, kv_heads)
+    seq, qoff = program_table(qlens, block_q)
+    got = mod.paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        bt,
+        torch.tensor(seq_lens, dtype=torch.int32),
+        cu,
+        torch.from_numpy(seq),
+        torch.from_numpy(qoff),
+        block_q,
+        scale,
+        window=window,
+        tile=tile,
+    )
+    want = _reference(q, k_cache, v_cache, tables, query_lens, seq_lens, scale, window)
+    return got, want
+
+
+def _check(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # GQA ratios 1, 2, 4 over 4 query heads
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_mixed_batch_matches_dense_attention(
+    kernels: ModuleType, kv_heads: int, block_size: int
+) -> None:
+    """Decodes, a fresh prompt, a chunk over a cached prefix and a one-token prompt in one
+    launch; contexts cross block boundaries."""
+    query_lens = [1, 1, 21, 7, 1]
+    seq_lens = [17, 40, 21, 33, 1]
+    got, want = _run(
+        kernels,
+        query_lens,
+        seq_lens,
+        kv_heads=kv_heads,
+        block_size=block_size,
+    )
+    _check(got, want)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 48])  # 48: padded to 64 inside the kernel
+def test_head_dims(kernels: ModuleType, head_dim: int) -> None:
+    got, want = _run(kernels, [1, 9], [30, 20], heads=2, kv_heads=1, head_dim=head_dim)
+    _check(got, want)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_sliding_window(kernels: ModuleType, window: int) -> None:
+    got, want = _run(kernels, [1, 12, 3], [50, 12, 40], window=window)
+    _check(got, want)
+
+
+def test_tile_spanning_several_blocks(kernels: ModuleType) -> None:
+    """A K/V tile of 32 tokens over blocks of 8: each token's block is looked up."""
+    got, want = _run(kernels, [1, 10], [70, 45], block_size=8, tile=32)
+    _check(got, want)
+
+
+def test_wrong_answer_is_caught(kernels: ModuleType) -> None:
+    """The comparison can fail: a different scale gives different outputs."""
+    got, want = _run(kernels, [1, 4], [9, 4])
+    assert not torch.allclose(got * 1.01, want, atol=2e-5, rtol=2e-5)
+
+
+def test_store_kv_matches_index_copy(kernels: ModuleType) -> None:
+    g = torch.Generator().manual_seed(1)
+    nb, bs, kh, d = 6, 8, 2, 16
+    k_cache = torch.randn(nb, bs, kh, d, generator=g)
+    v_cache = torch.randn(nb, bs, kh, d, generator=g)
+    slots = torch.tensor([5, 17, 40, 3, 47], dtype=torch.int64)
+    # Non-contiguous K/V, as q/k/v split out of one projection are.
+    qkv = torch.randn(len(slots), 3, kh, d, generator=g)
+    k, v = qkv[:, 1], qkv[:, 2]
+    want_k = k_cache.clone().view(nb * bs, kh, d).index_copy_(0, slots, k)
+    want_v = v_cache.clone().view(nb * bs, kh, d).index_copy_(0, slots, v)
+    kernels.store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache.view(nb * bs, kh, d), want_k)
+    assert torch.equal(v_cache.view(nb * bs, kh, d), want_v)
+
+
+def test_program_table(kernels: ModuleType) -> None:
+    seq, qoff = program_table(np.array([1, 9, 4]), 4)
+    assert seq.tolist() == [0, 1, 1, 1, 2]
+    assert qoff.tolist() == [0, 0, 4, 8, 0]

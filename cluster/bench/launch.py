@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 from pathlib import Path
+from typing import Any
 
 from cluster.bench.backend_types import BackendContext
 from cluster.config import ROUTERS, ServeConfig
@@ -51,10 +52,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class LocalCluster:
     """--launch: a local Ray instance running the kvray app on free ports."""
 
-    def __init__(self, args: argparse.Namespace, max_queued: int | None) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        max_queued: int | None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
         """`max_queued`: requests the app must queue without refusing (never fewer than a
-        served app's defaults); None keeps the app's default caps (the overload bench)."""
+        served app's defaults); None keeps the app's default caps (the overload bench).
+        `overrides`: other ServeConfig fields of the app (--chaos: how tenants are named)."""
         self._args = args
+        self._overrides = dict(overrides or {})
         self._max_queued = (
             None if max_queued is None else max(_DEFAULTS.max_queued_requests, max_queued)
         )
@@ -110,6 +118,7 @@ class LocalCluster:
             kv_cache_memory_bytes=self._args.kv_cache_memory,
             max_migrations=self._args.max_migrations,
             **caps,
+            **self._overrides,
         )
         print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
@@ -182,15 +191,16 @@ def single_app(
     base: BackendContext,
     stack: contextlib.ExitStack,
     max_queued: int | None,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[BackendContext, str | None]:
-    """The one app a mode that needs Serve's handle (--overload, --fault-at) runs against,
-    and its Serve application name: launched here (--launch, closed with `stack`; the first
-    of --request-router) or the server of --base-url / --app-name. `max_queued`: see
-    LocalCluster."""
+    """The one app a mode that needs Serve's handle (--overload, --fault-at, --chaos) runs
+    against, and its Serve application name: launched here (--launch, closed with `stack`; the
+    first of --request-router) or the server of --base-url / --app-name. `max_queued`,
+    `overrides`: see LocalCluster (a server already running keeps its own config)."""
     if not args.launch:
         return asyncio.run(with_server_defaults(base)), args.app_name
     from cluster.serve_env import apply_serve_env
 
     apply_serve_env()  # as `kvray serve` runs it; before anything imports ray.serve
-    cluster = stack.enter_context(LocalCluster(args, max_queued=max_queued))
+    cluster = stack.enter_context(LocalCluster(args, max_queued=max_queued, overrides=overrides))
     return cluster.deploy(args.request_router.split(",")[0].strip(), base), APP_NAME

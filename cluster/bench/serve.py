@@ -6,6 +6,7 @@
         --request-router prefix_affinity,power_of_two             # router vs router
     kvray bench serve --launch --num-replicas 2 --overload 2000   # a burst far past the caps
     kvray bench serve --launch --num-replicas 2 --fault-at 10     # kill the busiest engine
+    kvray bench serve --launch --num-replicas 2 --chaos 600       # faults under a mixed load
     kvray bench serve --launch --workload json-schema --rounds 3  # constrained vs free text
 
 Requests are streaming completions with token-id prompts, ignore_eos and max_tokens, so every
@@ -22,8 +23,9 @@ start with none of their prompts in its prefix cache, and do the same work.
 This module runs the command; the workloads are in serve_workload.py, the statistics and the
 report in serve_report.py, the --launch cluster in launch.py, the backends in backends.py,
 the --overload mode (status counts, /health latency from another process, drain time) in
-overload.py, --fault-at (kill a replica mid-run) in fault.py, --workload json-schema
-(constrained vs unconstrained twins) in serve_structured.py.
+overload.py, --fault-at (kill a replica mid-run) in fault.py, --chaos (faults at random under
+a mixed workload) in chaos.py, --workload json-schema (constrained vs unconstrained twins) in
+serve_structured.py.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cluster.bench import fault, launch, overload
+from cluster.bench import chaos, fault, launch, overload
 from cluster.bench.backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.bench.common import (
     BenchRequest,
@@ -115,6 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     launch.add_arguments(parser)
     overload.add_arguments(parser)
     fault.add_arguments(parser)
+    chaos.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
+    if args.chaos is not None:
+        return chaos.run_command(args, model_dir, token_ids)
     if args.overload:
         return _overload(args, model_dir, token_ids)
     if args.fault_at is not None:

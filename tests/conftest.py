@@ -29,6 +29,12 @@ from pathlib import Path
 
 import pytest
 
+# kvray's Triton kernels run on a CPU-only machine through Triton's interpreter, which Triton
+# reads when a kernel is defined: set it before any test imports one (tests/triton_interpret.py).
+# On a machine with an NVIDIA device (tests/gpu) they run compiled.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from tests.cluster.serve_helpers import RAY_ENV, RaySession, ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,7 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from cluster.bench.backend_types import BackendContext
-from cluster.bench.chaos_client import OK, ChaosClient, ChaosResult, TenantIdentity
+from cluster.bench.chaos_client import (
+    ERROR,
+    LOST,
+    OK,
+    ChaosClient,
+    ChaosResult,
+    TenantIdentity,
+)
 from cluster.bench.chaos_faults import (
     DEFAULT_FAULTS,
     Fault,
@@ -216,7 +223,7 @@ async def drive(
     async def progress() -> None:
         while True:
             await asyncio.sleep(PROGRESS_S)
-            counts = {o: sum(1 for r in results if r.outcome == o) for o in ("ok", "error", "lost")}
+            counts = {o: sum(1 for r in results if r.outcome == o) for o in (OK, ERROR, LOST)}
             print(
                 f"t={time.perf_counter() - t0:.0f} s: {len(results)} answered ("
                 + ", ".join(f"{k} {v}" for k, v in counts.items())

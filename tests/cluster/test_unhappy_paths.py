@@ -253,13 +253,15 @@ def _deploy_with_one_hanging_replica(ports: ServePorts, claim: Path) -> App:
     )
 
 
-def _replica_ids(app: App) -> set[str]:
-    """The replicas 20 stats calls reach (never stopping at 2: a third, the one being
-    replaced, shows up too); empty when a call fails (a replica stopping meanwhile)."""
+def _engine_pids(app: App) -> dict[str, int]:
+    """{replica: its engine's pid} of the replicas 20 stats calls reach (never stopping at 2:
+    a third, one being replaced, shows up too); empty when a call fails (a replica stopping
+    meanwhile)."""
     try:
-        return set(replica_stats(app, expect_replicas=3, calls=20))
+        stats = replica_stats(app, expect_replicas=3, calls=20)
     except Exception:  # noqa: BLE001 - the replica being replaced went away mid-call
-        return set()
+        return {}
+    return {r: s["engine_pid"] for r, s in stats.items()}
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ class _Outcome:
     text: str
 
 
-def test_a_hung_step_gets_its_replica_replaced_while_the_other_serves(
+def test_a_hung_step_gets_its_engine_replaced_while_the_other_serves(
     serve_ports: ServePorts, http: httpx.Client, tmp_path: Path
 ) -> None:
     from ray import serve
@@ -306,8 +308,8 @@ def test_a_hung_step_gets_its_replica_replaced_while_the_other_serves(
 
     trickler = threading.Thread(target=trickle, daemon=True)
     try:
-        initial = set(replica_stats(app, 2))
-        assert len(initial) == 2
+        engines = _engine_pids(app)
+        assert len(engines) == 2
         trickler.start()
         # Until a request (of a burst or of the trickle) has met the hanging replica.
         hung: _Outcome | None = None
@@ -324,14 +326,17 @@ def test_a_hung_step_gets_its_replica_replaced_while_the_other_serves(
         # While it hung, the other replica answered.
         during = [o for o in outcomes if o.status == 200 and hung.start < o.end < hung.end]
         assert during, outcomes
-        # Serve replaces the unhealthy replica; the healthy one stays. Keep sending meanwhile.
+        # The hung engine is replaced: its replica starts a new engine child in place
+        # (cluster/replica/engine_restart.py), or Serve replaces the replica; the healthy one
+        # keeps its engine. Keep sending meanwhile.
         deadline = time.monotonic() + 120
         while True:
             send(4)
-            now = _replica_ids(app)
-            if len(now) == 2 and len(now & initial) == 1:
+            now = _engine_pids(app)
+            new = [r for r, pid in now.items() if engines.get(r) != pid]
+            if len(now) == 2 and len(new) == 1:
                 break
-            assert time.monotonic() < deadline, f"replicas {now}, initially {initial}"
+            assert time.monotonic() < deadline, f"engines {now}, initially {engines}"
             time.sleep(0.2)
         # The replacement did not take the hang (its engine found the claim taken).
         with ThreadPoolExecutor(4) as pool:

@@ -87,8 +87,10 @@ def test_a_real_run_loses_nothing_and_changes_nothing(chaos_app: App, tmp_path: 
     q, o, f = s["requests"], s["outputs"], s["faults"]
     assert q["lost"] == 0, q["lost_examples"]
     # A 10-minute soak changed the text of 2 seeded streams in 11,922 requests (none greedy):
-    # an open bug, not yet explained. Greedy outputs must never change; one seeded change is
-    # tolerated here so that this rare bug does not make the suite flaky, and is reported.
+    # the offline engine itself answers those two requests in two ways depending on the batch
+    # (float rounding flips a seeded draw at a near tie; docs/benchmarks.md, "Chaos soak").
+    # Greedy outputs must never change; one seeded change is tolerated so that such a tie does
+    # not make the suite flaky.
     assert [c for c in o["changes"] if ", seed " not in c] == [], o["changes"]
     assert o["changed"] <= 1, o["changes"]
     assert q["completed"] > 0 and o["compared"] == q["completed"]

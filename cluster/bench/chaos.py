@@ -314,55 +314,70 @@ def run_command(args: argparse.Namespace, model_dir: Path, token_ids: Sequence[i
         )
         # Its own event loop, closed before Serve and Ray shut down (as --fault-at's).
         run = asyncio.run(run_chaos(args, ctx, app_name, mix, plan, identity, token_ids))
-    # With --launch, Ray is down now: the offline engine has the CPUs to itself.
-    finished = [r.request for r in run.results if r.outcome == OK]
-    print(f"computing the offline engine's answers to {len(finished)} requests ...", flush=True)
-    from cluster.bench.chaos_expected import changes, expected_outputs
+    workload = {
+        **describe_mix(mix),
+        "seed": args.seed,
+        "concurrency": workers,
+        "duration_s": args.chaos,
+        "fault_interval_s": args.chaos_interval_s,
+        "fault_min_gap_s": args.chaos_min_gap_s,
+        "fault_weights": args.chaos_faults,
+        "schedule": [asdict(p) for p in plan],
+    }
 
-    expected: dict[int, Any] | str
-    alone: dict[int, Any] = {}
-    try:
-        answers = expected_outputs(str(model_dir), finished, args.inprocess_threads)
-        expected = {r.index: a for r, a in zip(finished, answers, strict=True)}
-        # A changed output: does the offline engine itself answer otherwise in another batch?
-        changed = [
-            r.request
-            for r in run.results
-            if r.outcome == OK and changes(r, expected[r.request.index])
-        ]
-        if changed:
-            each = expected_outputs(str(model_dir), changed, args.inprocess_threads, alone=True)
-            alone = {r.index: a for r, a in zip(changed, each, strict=True)}
-    except Exception as err:  # noqa: BLE001 - the run's own figures are still worth reporting
-        expected = f"the offline engine failed: {type(err).__name__}: {err}"
-    summary = summarize_chaos(
-        run.results,
-        expected,
-        run.faults,
-        planned=len(plan),
-        tenant_names=[identity.name(t) for t in range(mix.tenants)],
-        t0=run.t0,
-        stop=run.stop,
-        end=run.end,
-        migrations=run.migrations,
-        alone=alone,
-    )
+    def report(expected: dict[int, Any] | str, alone: dict[int, Any]) -> dict[str, Any]:
+        summary = summarize_chaos(
+            run.results,
+            expected,
+            run.faults,
+            planned=len(plan),
+            tenant_names=[identity.name(t) for t in range(mix.tenants)],
+            t0=run.t0,
+            stop=run.stop,
+            end=run.end,
+            migrations=run.migrations,
+            alone=alone,
+        )
+        if args.result_json:
+            write_result_json(args.result_json, {"workload": workload, "chaos": summary})
+        return summary
+
+    # The run's own figures first: a comparison that dies (minutes for a long run) loses
+    # nothing else.
+    report("the offline comparison did not finish", {})
+    # With --launch, Ray is down now: the offline engine has the CPUs to itself.
+    expected, alone = offline_answers(args, model_dir, run.results)
+    summary = report(expected, alone)
     print()
     print(format_chaos(summary), flush=True)
     if args.result_json:
-        workload = {
-            **describe_mix(mix),
-            "seed": args.seed,
-            "concurrency": workers,
-            "duration_s": args.chaos,
-            "fault_interval_s": args.chaos_interval_s,
-            "fault_min_gap_s": args.chaos_min_gap_s,
-            "fault_weights": args.chaos_faults,
-            "schedule": [asdict(p) for p in plan],
-        }
-        write_result_json(args.result_json, {"workload": workload, "chaos": summary})
         print(f"\nwrote {args.result_json}")
     ok = chaos_ok(summary)
     if not ok:
         print("chaos: requests were lost or outputs changed", file=sys.stderr)
     return 0 if ok else 1
+
+
+def offline_answers(
+    args: argparse.Namespace, model_dir: Path, results: Sequence[ChaosResult]
+) -> tuple[dict[int, Any] | str, dict[int, Any]]:
+    """The offline engine's answers to the completed requests by index (or why there are
+    none), and to each changed one run alone (does the engine's own answer depend on the
+    batch?)."""
+    from cluster.bench.chaos_expected import changes, expected_outputs
+
+    finished = [r.request for r in results if r.outcome == OK]
+    print(f"computing the offline engine's answers to {len(finished)} requests ...", flush=True)
+    try:
+        answers = expected_outputs(str(model_dir), finished, args.inprocess_threads)
+        expected = {r.index: a for r, a in zip(finished, answers, strict=True)}
+        changed = [
+            r.request for r in results if r.outcome == OK and changes(r, expected[r.request.index])
+        ]
+        alone = {}
+        if changed:
+            each = expected_outputs(str(model_dir), changed, args.inprocess_threads, alone=True)
+            alone = {r.index: a for r, a in zip(changed, each, strict=True)}
+    except Exception as err:  # noqa: BLE001 - the run's own figures are still worth reporting
+        return f"the offline engine failed: {type(err).__name__}: {err}", {}
+    return expected, alone

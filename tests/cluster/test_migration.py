@@ -225,22 +225,34 @@ def test_more_failures_than_max_migrations_is_a_clear_503(serve_ports: ServePort
 
     app = deploy("migration-max", "/migration-max", _config(max_migrations=1), serve_ports, None)
     try:
-        engines = [s["engine_pid"] for s in replica_stats(app, 2).values()]
         with httpx.Client(timeout=240) as http:
             body = {"model": app.model, "prompt": [400] * 8, "max_tokens": 600}
             body |= {"ignore_eos": True, "temperature": 0.0}
             pending = _post_soon(http, f"{app.base_url}/v1/completions", body)
             busy = lambda: busiest_replica(app, 2)["num_requests_running"] == 1  # noqa: E731
             wait_for(busy, "the request", 120)
-            for pid in engines:  # both engines die: the request fails twice
-                kill_pid(pid)
-                time.sleep(0.5)
+            first = busiest_replica(app, 2)
+            kill_pid(first["engine_pid"])
+            # The second engine dies only once it has taken the migrated request: a refusal
+            # by an engine that never took it is not charged (the request waits for a
+            # replica instead), and the first replica restarts its engine in place.
+            second = lambda: _running_elsewhere(app, first["replica"])  # noqa: E731
+            wait_for(lambda: second() is not None, "the migrated request", 120)
+            kill_pid(second()["engine_pid"])
             resp = pending()
         assert resp.status_code == 503, resp.text
         message = resp.json()["error"]["message"]
         assert "max_migrations=1" in message and "2 replicas" in message, message
     finally:
         serve.delete(app.name)
+
+
+def _running_elsewhere(app: App, replica: str) -> dict | None:
+    """The stats of a replica other than `replica` that is running a request, if any."""
+    for rid, stats in replica_stats(app, 2).items():
+        if rid != replica and stats["num_requests_running"] > 0:
+            return stats
+    return None
 
 
 def _post_soon(http: httpx.Client, url: str, body: dict) -> Callable[[], httpx.Response]:

@@ -10,6 +10,12 @@ from typing import Any
 
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
+from workers.lora.config import (
+    DEFAULT_MAX_CPU_LORAS,
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    LoraConfig,
+)
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 from workers.rope_config import RopeConfig
 
@@ -240,6 +246,12 @@ class EngineArgs:
     # Mixture-of-experts models: split the experts across the TP ranks (whole experts per
     # rank) instead of slicing every expert (workers/device/layers/moe.py ExpertPartition).
     enable_expert_parallel: bool = False
+    # LoRA adapters (workers/lora/): requests may name one (EngineInput.lora); the device
+    # holds `max_loras` of them at once, of rank <= `max_lora_rank`.
+    enable_lora: bool = False
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    max_cpu_loras: int | None = None  # None: max(DEFAULT_MAX_CPU_LORAS, max_loras)
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -311,7 +323,16 @@ class EngineArgs:
             ),
             cpu_kernels=bool(self.cpu_kernels),
             attention_backend=self.attention_backend,
+            lora=self._lora_config(),
         )
+
+    def _lora_config(self) -> LoraConfig | None:
+        if not self.enable_lora:
+            return None
+        cpu = self.max_cpu_loras
+        if cpu is None and isinstance(self.max_loras, int):
+            cpu = max(DEFAULT_MAX_CPU_LORAS, self.max_loras)
+        return LoraConfig(self.max_loras, self.max_lora_rank, cpu)
 
 
 def fit_to_kv_cache(config: EngineConfig, kv_cache_tokens: int) -> EngineConfig:
@@ -365,6 +386,7 @@ class EngineConfig:
     compilation: CompilationConfig = CompilationConfig()
     cpu_kernels: bool = True  # EngineArgs.cpu_kernels
     attention_backend: str = "auto"  # EngineArgs.attention_backend
+    lora: LoraConfig | None = None  # None: no adapters (EngineArgs.enable_lora)
 
     @property
     def torch_dtype(self):  # noqa: ANN201

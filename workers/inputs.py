@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from workers.lora.request import LoRARequest
 from workers.outputs import TokenLogprobs
 from workers.sampling_params import SamplingParams
 
@@ -54,6 +55,9 @@ class EngineInput:
     # takes tenants in turn within a priority level, so one tenant's burst cannot hold
     # another's requests back (workers/core/scheduler.py).
     tenant: str | None = None
+    # The LoRA adapter to run under (None: the base model). Checked by the engine when it
+    # first sees the adapter (workers/lora/checkpoint.py); servers resolve names to it.
+    lora: LoRARequest | None = None
 
 
 @dataclass(frozen=True)

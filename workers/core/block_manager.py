@@ -88,9 +88,11 @@ class BlockManager:
         bs = self.block_size
         hashes = seq.block_hashes
         toks = seq.token_ids
+        # Under an adapter the same tokens have other K/V: its id salts every block's hash.
+        salt = None if seq.lora is None else seq.lora.lora_int_id
         for i in range(len(hashes), num_full_blocks):
             parent = hashes[i - 1] if i else None
-            hashes.append(chain_hash(parent, tuple(toks[i * bs : (i + 1) * bs])))
+            hashes.append(chain_hash(parent, tuple(toks[i * bs : (i + 1) * bs]), salt))
         return hashes
 
     def lookup_prefix(self, seq: Seq) -> list[int]:

@@ -30,9 +30,10 @@ from workers.core.output_processor import (
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats, waiting_prefill_tokens
-from workers.core.step import CachedSeq, NewSeq, StepInput
+from workers.core.step import build_step_input
 from workers.executor.base import Executor, create_executor
 from workers.inputs import EngineInput, InputChecker
+from workers.lora.slots import LoraSlotTable
 from workers.outputs import QUEUE_TIMEOUT, RequestOutput, RequestOutputKind
 from workers.sampling_params import SamplingParams
 from workers.structured import GRAMMAR_ERROR, check_structured
@@ -68,7 +69,10 @@ class LLMEngine:
             config.cache.enable_prefix_caching,
             kv_events=config.cache.kv_events,
         )
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        # LoRA: the adapters' device slots (None: the engine serves the base model only).
+        self.lora_slots = None if config.lora is None else LoraSlotTable(config.lora, config.model)
+        self.lora_load_seconds = 0.0
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
@@ -147,6 +151,10 @@ class LLMEngine:
         unrun, its samples aborted with stop_reason QUEUE_TIMEOUT (`is_queue_timeout`)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if inp.lora is not None:
+            if self.lora_slots is None:
+                raise ValueError("lora: this engine serves no adapters (start it with enable_lora)")
+            self.lora_slots.check(inp.lora)  # LoraError (a ValueError) for a bad adapter
         params = replace(inp.params, eos_token_ids=self.eos_token_ids)
         ids = list(inp.prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
@@ -171,6 +179,7 @@ class LLMEngine:
                 priority=inp.priority,
                 arrival_time=now,
                 tenant=inp.tenant,
+                lora=inp.lora,
             )
             seq.out = new_output_state(seq, self.tokenizer)
             r = resumed.get(i)
@@ -241,8 +250,12 @@ class LLMEngine:
 
     def _execute(self, sched: SchedulerOutput, touched: dict[str, Request]) -> None:
         """Runs the scheduled sequences one step and processes the sampled tokens."""
-        step = self._step_input(sched.scheduled)
+        lora_loads = [] if self.lora_slots is None else self.lora_slots.take_loads()
+        grammar = self.structured.bitmask(sched.scheduled)
+        step = build_step_input(sched.scheduled, self._removed, grammar, lora_loads)
+        self._removed = []
         result = self.executor.execute(step)
+        self.lora_load_seconds += result.lora_load_s
         now = time.monotonic()
         self.num_steps += 1
         self.step_token_counts.append(sched.num_batched_tokens)
@@ -284,37 +297,6 @@ class LLMEngine:
             finish_pooled(seq, embedding)
             self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-
-    def _step_input(self, scheduled: list[tuple[Seq, int]]) -> StepInput:
-        step = StepInput(removed=self._removed, grammar=self.structured.bitmask(scheduled))
-        self._removed = []
-        for seq, n in scheduled:
-            if not seq.on_workers:
-                step.new.append(
-                    NewSeq(
-                        seq.seq_id,
-                        seq.prompt_token_ids,
-                        list(seq.token_ids),
-                        seq.params,
-                        list(seq.block_ids),
-                        seq.num_computed_tokens,
-                        n,
-                    )
-                )
-                seq.on_workers = True
-            else:
-                step.cached.append(
-                    CachedSeq(
-                        seq.seq_id,
-                        seq.token_ids[seq.sent_tokens :],
-                        seq.block_ids[seq.sent_blocks :],
-                        seq.num_computed_tokens,
-                        n,
-                    )
-                )
-            seq.sent_tokens = len(seq.token_ids)
-            seq.sent_blocks = len(seq.block_ids)
-        return step
 
     def _expire_queued(self, touched: dict[str, Request]) -> None:
         """Finishes the requests still unrun at their queue deadline; forgets the deadlines
@@ -379,7 +361,21 @@ class LLMEngine:
             grammar_compile_seconds=g.compile_seconds,
             recent_grammar_compile_seconds=g.recent_compile_seconds,
             cpu_kernels=self.worker_info.get("cpu_kernels", ""),
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict:
+        t = self.lora_slots
+        if t is None:
+            return {}
+        return {
+            "lora_adapters": t.adapters(),
+            "lora_slots_used": t.used,
+            "lora_slots_total": t.config.max_loras,
+            "lora_loads": t.loads,
+            "lora_evictions": t.evictions,
+            "lora_load_seconds": self.lora_load_seconds,
+        }
 
     def pop_step_token_counts(self) -> list[int]:
         counts = list(self.step_token_counts)

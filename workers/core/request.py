@@ -36,6 +36,10 @@ class Seq:
     priority: int = 0
     arrival_time: float = 0.0
     tenant: str | None = None  # the request's tenant: the waiting queue takes tenants in turn
+    # The request's LoRA adapter (None: the base model), and the device slot it holds while
+    # running (-1: none; workers/lora/slots.py). The adapter's id salts the block hashes.
+    lora: Any = None  # workers.lora.request.LoRARequest
+    lora_slot: int = -1
     # n > 1: siblings wait for sequence 0's prefill, then reuse its cached prompt blocks.
     gate: Seq | None = None
     # What the workers already hold (the scheduler sends them only the difference).

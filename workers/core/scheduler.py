@@ -18,6 +18,9 @@ turn), so a burst of one tenant does not hold another's requests back. Aging bou
 starvation: a request is overtaken by more urgent arrivals for at most (its priority - theirs)
 * priority_aging_s seconds.
 
+LoRA: a sequence under an adapter holds one of the device's adapter slots while it runs
+(workers/lora/slots.py); while every slot is in use by other adapters it waits, passed over.
+
 A sequence the whole cache cannot hold never loops: once it needs more blocks than the cache
 has, or cannot grow (running) or be admitted (waiting) with every other block free, it is
 finished (the engine reports finish_reason "length") and its blocks come back. The engine
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from workers.config import SchedulerConfig
 from workers.core.block_manager import BlockManager
 from workers.core.request import Seq, SeqStatus
+from workers.lora.slots import LoraSlotTable
 
 
 @dataclass
@@ -47,9 +51,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        lora_slots: LoraSlotTable | None = None,
+    ) -> None:
         self.config = config
         self.bm = block_manager
+        self.lora_slots = lora_slots
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.num_preemptions = 0
@@ -79,11 +89,18 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.bm.free(seq)
+        self._release_slot(seq)
         seq.status = SeqStatus.FINISHED
+
+    def _release_slot(self, seq: Seq) -> None:
+        if seq.lora_slot >= 0:
+            self.lora_slots.release(seq.lora_slot)
+            seq.lora_slot = -1
 
     def _preempt(self, seq: Seq, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.bm.free(seq)
+        self._release_slot(seq)
         seq.num_computed_tokens = 0
         seq.status = SeqStatus.WAITING
         seq.sent_blocks = 0
@@ -156,10 +173,17 @@ class Scheduler:
             if seq.grammar_pending:
                 skipped.append(self.waiting.popleft())  # its grammar is still compiling
                 continue
+            if seq.lora is not None:
+                slot = self.lora_slots.acquire(seq.lora)
+                if slot is None:
+                    skipped.append(self.waiting.popleft())  # every adapter slot is in use
+                    continue
+                seq.lora_slot = slot
             cached = self.bm.lookup_prefix(seq) if seq.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.bm.block_size
             n = min(seq.num_tokens - num_cached, budget)
             if not self.bm.allocate(seq, n, cached):
+                self._release_slot(seq)
                 if self.running and not self._never_fits(seq.num_tokens):
                     break  # blocks come back as running sequences finish
                 # Larger than the whole cache, or no sequence holds a block and seq still does

@@ -39,6 +39,16 @@ class EngineStats:
     # "on (AVX2)" or "off: <reason>" (workers/device/layers/cpu_kernels/build.py KernelState);
     # "" where unknown (stats not from an engine yet).
     cpu_kernels: str = ""
+    # LoRA (workers/lora/; zeros without it): the adapters in the device's slots now
+    # (lora_int_id, most recently used last), the slots they fill and the slots there are,
+    # and (cumulative) adapters loaded into a slot, loads that evicted an idle adapter, and
+    # the seconds loading took (reading the file, or the host cache, and copying to the slot).
+    lora_adapters: tuple[int, ...] = ()
+    lora_slots_used: int = 0
+    lora_slots_total: int = 0
+    lora_loads: int = 0
+    lora_evictions: int = 0
+    lora_load_seconds: float = 0.0
 
 
 RECENT_COMPILES = 256

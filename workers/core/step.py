@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workers.core.request import Seq
+from workers.lora.request import LoRARequest
 from workers.sampling_params import SamplingParams
 
 
@@ -23,6 +25,7 @@ class NewSeq:
     block_ids: list[int]
     num_computed_tokens: int
     num_scheduled: int
+    lora_slot: int = -1  # the adapter slot it runs under (-1: the base model)
 
 
 @dataclass
@@ -50,6 +53,8 @@ class StepInput:
     cached: list[CachedSeq] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)  # finished, aborted or preempted
     grammar: GrammarBitmask | None = None  # constrained rows only; None when there are none
+    # Adapters to put into device slots before this step's forward (workers/lora/slots.py).
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
 
 
 @dataclass
@@ -62,3 +67,43 @@ class StepOutput:
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] | None = None
     # SamplingParams.pooling: seq_id -> the pooled embedding, once its prompt is done.
     embeddings: dict[str, list[float]] | None = None
+    lora_load_s: float = 0.0  # seconds this step spent loading adapters into slots
+
+
+def build_step_input(
+    scheduled: list[tuple[Seq, int]],
+    removed: list[str],
+    grammar: GrammarBitmask | None,
+    lora_loads: list[tuple[int, LoRARequest]],
+) -> StepInput:
+    """The step's diff for the workers: a sequence they do not hold yet goes whole, the others
+    as what changed since the last step that sent them (module doc)."""
+    step = StepInput(removed=removed, grammar=grammar, lora_loads=lora_loads)
+    for seq, n in scheduled:
+        if not seq.on_workers:
+            step.new.append(
+                NewSeq(
+                    seq.seq_id,
+                    seq.prompt_token_ids,
+                    list(seq.token_ids),
+                    seq.params,
+                    list(seq.block_ids),
+                    seq.num_computed_tokens,
+                    n,
+                    seq.lora_slot,
+                )
+            )
+            seq.on_workers = True
+        else:
+            step.cached.append(
+                CachedSeq(
+                    seq.seq_id,
+                    seq.token_ids[seq.sent_tokens :],
+                    seq.block_ids[seq.sent_blocks :],
+                    seq.num_computed_tokens,
+                    n,
+                )
+            )
+        seq.sent_tokens = len(seq.token_ids)
+        seq.sent_blocks = len(seq.block_ids)
+    return step

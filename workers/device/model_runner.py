@@ -28,6 +28,7 @@ class SeqState:
     block_ids: list[int]
     num_computed_tokens: int = 0
     num_scheduled: int = 0
+    lora_slot: int = -1  # the adapter slot it runs under (-1: the base model)
     # Mean pooling (workers/pooling.py): the normed hidden states summed over the chunks so far.
     pool_sum: torch.Tensor | None = None
     # Plain greedy: argmax suffices (no penalties, logprobs or min_tokens to enforce).
@@ -63,6 +64,8 @@ class ModelInput:
     prompt_chunks: list[ChunkRows] = field(default_factory=list)
     # SamplingParams.pooling: every chunk of an embedding request (workers/pooling.py).
     pool_chunks: list[ChunkRows] = field(default_factory=list)
+    # LoRA: (slot, first row, rows) of each sequence under an adapter (workers/lora/layers.py).
+    lora_rows: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def prepare_inputs(
@@ -192,6 +195,7 @@ def prepare_inputs(
         sample_states=sample_states,
         prompt_chunks=prompt_chunks,
         pool_chunks=pool_chunks,
+        lora_rows=[(s.lora_slot, r, s.num_scheduled) for s, r in chunk_rows if s.lora_slot >= 0],
     )
 
 

@@ -85,6 +85,13 @@ class Worker:
         if self.attention_backend.name == "triton":
             self.triton_block_q = _triton_block_q(self.model)
             self.cpu_kernel = None
+        # LoRA adapters' device slots (None: the base model only); after the kernels' set-up,
+        # which must not see them (workers/lora/layers.py).
+        self.lora = None
+        if config.lora is not None:
+            from workers.lora.device import LoraDevice
+
+            self.lora = LoraDevice(self.model, config, tp)
         # Start-up seconds the compiled forward cost; None: it runs eagerly.
         self.compile_s = None if self.forward.compiled is None else self.forward.compiled.compile_s
 
@@ -136,6 +143,7 @@ class Worker:
                 list(n.block_ids),
                 n.num_computed_tokens,
                 n.num_scheduled,
+                n.lora_slot,
             )
             states[n.seq_id] = s
             order.append(s)
@@ -170,7 +178,11 @@ class Worker:
     def execute(self, step: StepInput) -> StepOutput | None:
         t0 = time.perf_counter()
         try:
-            return self._execute(step)
+            load_s = self._load_loras(step)
+            out = self._execute(step)
+            if out is not None:
+                out.lora_load_s = load_s
+            return out
         finally:
             self.steps += 1
             self.execute_s += time.perf_counter() - t0
@@ -183,7 +195,16 @@ class Worker:
         inp = prepare_inputs(
             order, self.block_size, self.device, self.cpu_kernel, self.triton_block_q
         )
-        x = self.forward.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+        if inp.lora_rows:
+            # Steps with adapter rows run the modules, whose projections add the deltas; the
+            # direct kernel calls and the compiled pieces serve base-model steps.
+            self.lora.batch.set(inp.lora_rows, self.device)
+            try:
+                x = self.model.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+            finally:
+                self.lora.batch.clear()
+        else:
+            x = self.forward.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
         # Every rank takes the same branch (the same inputs): the LM head's gather is a
         # collective under tensor parallelism.
         logits = self.model.logits(x, inp.logits_indices) if len(inp.logits_indices) else None
@@ -205,6 +226,16 @@ class Worker:
                 logits = mask_disallowed(logits.float(), rows_t, bits)
             return extras.attach(StepOutput(ids, greedy_tokens(logits).tolist()))
         return extras.attach(self._sample(logits, rows, ids, step.grammar))
+
+    def _load_loras(self, step: StepInput) -> float:
+        """Puts the step's new adapters into their slots; returns the seconds it took."""
+        if not step.lora_loads:
+            return 0.0
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for slot, req in step.lora_loads:
+                self.lora.load(slot, req)
+        return time.perf_counter() - t0
 
     def _sample(
         self,

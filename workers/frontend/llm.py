@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, EngineArgs
 from workers.core.engine import LLMEngine
+from workers.lora.request import LoRARequest
 from workers.outputs import RequestOutput, RequestOutputKind
 from workers.pooling import Pooling
 from workers.sampling_params import SamplingParams
@@ -57,9 +58,12 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. `priority`: one per prompt, lower
-        is more urgent (the engine's queue order; workers/core/scheduler.py).
+        is more urgent (the engine's queue order; workers/core/scheduler.py). `lora_request`:
+        the adapter every prompt runs under, or one per prompt (None: the base model); the
+        engine needs `enable_lora=True` (workers/lora/).
 
         Every request is validated before any runs; a bad one raises ValueError naming the
         field and nothing is generated.
@@ -81,9 +85,15 @@ class LLM:
         # engine is asked for nothing else (no per-step deltas).
         checker, tokenizer = self.engine.input_checker, self.engine.tokenizer
         final = {id(p): _final_only(p) for p in plist}  # one copy per distinct params object
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora_request has {len(loras)} entries for {len(prompts)} prompts")
         inputs = [
-            checker.check_prompt(prompt, final[id(p)], tokenizer, priority=rank)
-            for prompt, p, rank in zip(prompts, plist, priorities, strict=True)
+            replace(checker.check_prompt(prompt, final[id(p)], tokenizer, priority=rank), lora=lo)
+            for prompt, p, rank, lo in zip(prompts, plist, priorities, loras, strict=True)
         ]
         for p in final.values():
             if p.structured_outputs is not None:
@@ -139,11 +149,12 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         params: SamplingParams | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> list[RequestOutput]:
         """Applies the checkpoint's chat template to one conversation or a list of them."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in convs]
-        return self.generate(prompts, params, use_tqdm=use_tqdm)
+        return self.generate(prompts, params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def stats(self):  # noqa: ANN201
         return self.engine.stats()

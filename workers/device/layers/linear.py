@@ -22,6 +22,7 @@ from torch import nn
 
 from workers.device.distributed import TPGroup
 from workers.device.layers.cpu_kernels import kernel_linear
+from workers.lora.layers import LoraSlots
 
 
 def linear(
@@ -56,12 +57,16 @@ class ColumnParallelLinear(nn.Module):
         )
         self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
         self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
+        self.lora: LoraSlots | None = None  # set by workers.lora.device.attach_lora
 
     def part_offset(self, index: int) -> int:
         return sum(self.output_sizes[:index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.cpu_kernels, self.packed_weight)
+        y = linear(x, self.weight, self.bias, self.cpu_kernels, self.packed_weight)
+        if self.lora is not None and self.lora.batch.active:
+            y = self.lora.add_to(x, y)
+        return y
 
 
 class RowParallelLinear(nn.Module):
@@ -87,9 +92,13 @@ class RowParallelLinear(nn.Module):
         )
         self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
         self.packed_weight: torch.Tensor | None = None  # likewise, for bfloat16 weights
+        self.lora: LoraSlots | None = None  # set by workers.lora.device.attach_lora
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(linear(x, self.weight, None, self.cpu_kernels, self.packed_weight))
+        y = linear(x, self.weight, None, self.cpu_kernels, self.packed_weight)
+        if self.lora is not None and self.lora.batch.active:
+            y = self.lora.add_to(x, y)  # before the all-reduce: it sums the partial deltas too
+        y = self.tp.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias
         return y

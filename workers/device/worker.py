@@ -198,7 +198,9 @@ class Worker:
         if inp.lora_rows:
             # Steps with adapter rows run the modules, whose projections add the deltas; the
             # direct kernel calls and the compiled pieces serve base-model steps.
-            self.lora.batch.set(inp.lora_rows, self.device)
+            self.lora.batch.set(
+                inp.lora_rows, len(inp.input_ids), self.device, self.config.torch_dtype
+            )
             try:
                 x = self.model.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
             finally:

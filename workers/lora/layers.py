@@ -2,16 +2,19 @@
 
 Each LoRA-capable linear layer (the fused qkv and gate_up projections, o_proj, down_proj)
 gets a `LoraSlots`: for each of the `max_loras` slots, the adapter's A matrices stacked
-([parts * rank, in]) and its B matrices block-diagonal ([out, parts * rank], already scaled),
+([parts * rank, in]) and its B matrices block-diagonal (stored transposed, [parts * rank, out],
+already scaled),
 the rank packed at the front so a step multiplies by the adapter's own rank, not the cap.
 A fused layer's parts (q, k, v) each have their own A and B; stacking them lets one pair of
 matmuls serve all parts (the zero blocks of B cost little next to the base GEMM).
 
-A step's rows are grouped by slot (`LoraBatch.set`): for each adapter present, one
-x[rows] @ A.T @ B.T over all of that adapter's rows in the step — decodes and prefill
-chunks of every request under it together — added to the base layer's output. The work is
-a loop over the step's adapters (at most `max_loras`), never over requests: the segmented
-("SGMV") shape of the computation, on torch's ops (CPU and CUDA alike).
+A step computes every projection's deltas for all its rows at once, whatever mix of adapters
+they run under: x @ A_cat.T over the A of every adapter present in the step (stacked once per
+set of adapters, not per step), a 0/1 mask keeping each row's own adapter's columns (base-model
+rows keep none), then @ B_cat, added to the base layer's output. Four ops per projection, none
+per request or per adapter: the batched-gather idea of punica's kernels (each row reads only its
+adapter) traded for a little arithmetic on the other adapters' columns, which at rank r costs
+(adapters in the step x r) / hidden of the base GEMM. On torch's ops, CPU and CUDA alike.
 
 Tensor parallelism: a column-parallel layer's B is sliced like its weight's rows (each rank
 its heads / its MLP columns, A whole); a row-parallel layer's A is sliced like its weight's
@@ -21,53 +24,55 @@ x_r @ A_r.T into x @ A.T exactly as it sums the base layer's partial products.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class _Segment:
-    slot: int
-    start: int  # rows start..stop, when the slot's rows are one contiguous range
-    stop: int
-    rows: torch.Tensor | None  # else their indices
+# (slot, width) of each adapter in a stacked A/B, in column order.
+Layout = tuple[tuple[int, int], ...]
 
 
 class LoraBatch:
-    """Which rows of the current step run under which slot: set once per step by the worker,
+    """Which slot each row of the current step runs under: set once per step by the worker,
     read by every `LoraSlots` of the model (shared, like the step's attention metadata)."""
 
     def __init__(self) -> None:
-        self.segments: list[_Segment] = []
+        self.slots: tuple[int, ...] = ()  # the slots the step uses, ascending
+        self._row_slot: torch.Tensor | None = None  # [T] the row's slot, -1: base model
+        self._dtype = torch.float32
+        self._masks: dict[Layout, torch.Tensor] = {}
 
     @property
     def active(self) -> bool:
-        return bool(self.segments)
+        return bool(self.slots)
 
-    def set(self, rows: list[tuple[int, int, int]], device: torch.device) -> None:
+    def set(
+        self,
+        rows: list[tuple[int, int, int]],
+        num_rows: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         """`rows`: (slot, first row, count) of each sequence under an adapter this step."""
-        by_slot: dict[int, list[tuple[int, int]]] = {}
+        row_slot = torch.full((num_rows,), -1, dtype=torch.int32)
         for slot, first, count in rows:
-            by_slot.setdefault(slot, []).append((first, first + count))
-        segments = []
-        for slot, ranges in by_slot.items():
-            ranges.sort()
-            merged = [list(ranges[0])]
-            for a, b in ranges[1:]:
-                if a == merged[-1][1]:
-                    merged[-1][1] = b
-                else:
-                    merged.append([a, b])
-            if len(merged) == 1:
-                segments.append(_Segment(slot, merged[0][0], merged[0][1], None))
-            else:
-                idx = torch.cat([torch.arange(a, b) for a, b in merged]).to(device)
-                segments.append(_Segment(slot, 0, 0, idx))
-        self.segments = segments
+            row_slot[first : first + count] = slot
+        self.slots = tuple(sorted({slot for slot, _, _ in rows}))
+        self._row_slot = row_slot.to(device, non_blocking=True)
+        self._dtype = dtype
+        self._masks = {}
 
     def clear(self) -> None:
-        self.segments = []
+        self.slots, self._row_slot, self._masks = (), None, {}
+
+    def mask(self, layout: Layout) -> torch.Tensor:
+        """[T, columns] 1 where the column belongs to the row's adapter (shared by every layer
+        whose adapters have this layout)."""
+        m = self._masks.get(layout)
+        if m is None:
+            col_slot = torch.tensor([s for s, w in layout for _ in range(w)], dtype=torch.int32)
+            col_slot = col_slot.to(self._row_slot.device, non_blocking=True)
+            m = (self._row_slot[:, None] == col_slot[None, :]).to(self._dtype)
+            self._masks[layout] = m
+        return m
 
 
 class LoraSlots:
@@ -89,39 +94,42 @@ class LoraSlots:
         parts = len(out_sizes)
         width = parts * max_rank
         self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
-        self.b = torch.zeros(num_slots, sum(out_sizes), width, dtype=dtype, device=device)
+        # B transposed ([width, out]): a slot's first `width` rows are one contiguous matrix.
+        self.b_t = torch.zeros(num_slots, width, sum(out_sizes), dtype=dtype, device=device)
         self.widths = [0] * num_slots  # the columns of a/b a slot's adapter fills
+        # The A and B of the adapters of the latest slot set, stacked (rebuilt when the set
+        # changes or a slot is written): (slots, layout, A_cat [cols, in], B_cat [cols, out]).
+        self._stacked: tuple[tuple[int, ...], Layout, torch.Tensor, torch.Tensor] | None = None
 
     def write(self, slot: int, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Fills `slot` with one (A [r, in], B [out_part, r]) per fused part (None: the adapter
         leaves that part alone), this rank's shard already cut."""
         ranks = [0 if p is None else p[0].shape[0] for p in parts]
         width = sum(ranks)
-        a, b = self.a[slot], self.b[slot]
+        a, b_t = self.a[slot], self.b_t[slot]
         a.zero_()
-        b.zero_()
+        b_t.zero_()
         col = row = 0
         for part, rank, size in zip(parts, ranks, self.out_sizes, strict=True):
             if part is not None:
                 a[col : col + rank].copy_(part[0])
-                b[row : row + size, col : col + rank].copy_(part[1])
+                b_t[col : col + rank, row : row + size].copy_(part[1].T)
             col += rank
             row += size
         self.widths[slot] = width
+        self._stacked = None
 
-    def clear(self, slot: int) -> None:
-        self.widths[slot] = 0
+    def _stack(self, slots: tuple[int, ...]) -> tuple[Layout, torch.Tensor, torch.Tensor]:
+        if self._stacked is None or self._stacked[0] != slots:
+            layout = tuple((s, self.widths[s]) for s in slots if self.widths[s])
+            a = torch.cat([self.a[s, :w] for s, w in layout]) if layout else self.a[0, :0]
+            b_t = torch.cat([self.b_t[s, :w] for s, w in layout]) if layout else self.b_t[0, :0]
+            self._stacked = (slots, layout, a, b_t)
+        return self._stacked[1:]
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + the step's deltas: x [T, in], y [T, out] (the base layer's output)."""
-        for seg in self.batch.segments:
-            w = self.widths[seg.slot]
-            if not w:
-                continue
-            a, b = self.a[seg.slot, :w], self.b[seg.slot, :, :w]
-            if seg.rows is None:
-                xs = x[seg.start : seg.stop]
-                y[seg.start : seg.stop] += (xs @ a.T) @ b.T
-            else:
-                y.index_add_(0, seg.rows, (x.index_select(0, seg.rows) @ a.T) @ b.T)
-        return y
+        layout, a, b_t = self._stack(self.batch.slots)
+        if not layout:
+            return y
+        return y.add_((x @ a.T).mul_(self.batch.mask(layout)) @ b_t)

@@ -72,6 +72,13 @@ class Worker:
         from workers.device.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
+        # LoRA adapters' device slots (None: the base model only), before the forward is built:
+        # the direct kernel calls read each projection's slots (workers/lora/layers.py).
+        self.lora = None
+        if config.lora is not None:
+            from workers.lora.device import LoraDevice
+
+            self.lora = LoraDevice(self.model, config, tp)
         self.forward, self.packed_bytes = _build_forward(
             self.model, config, device, tp.size, progress
         )
@@ -85,13 +92,6 @@ class Worker:
         if self.attention_backend.name == "triton":
             self.triton_block_q = _triton_block_q(self.model)
             self.cpu_kernel = None
-        # LoRA adapters' device slots (None: the base model only); after the kernels' set-up,
-        # which must not see them (workers/lora/layers.py).
-        self.lora = None
-        if config.lora is not None:
-            from workers.lora.device import LoraDevice
-
-            self.lora = LoraDevice(self.model, config, tp)
         # Start-up seconds the compiled forward cost; None: it runs eagerly.
         self.compile_s = None if self.forward.compiled is None else self.forward.compiled.compile_s
 
@@ -196,13 +196,15 @@ class Worker:
             order, self.block_size, self.device, self.cpu_kernel, self.triton_block_q
         )
         if inp.lora_rows:
-            # Steps with adapter rows run the modules, whose projections add the deltas; the
-            # direct kernel calls and the compiled pieces serve base-model steps.
+            # Steps with adapter rows run eagerly (modules or direct kernel calls, whose
+            # projections add the deltas); the compiled pieces serve base-model steps only.
             self.lora.batch.set(
                 inp.lora_rows, len(inp.input_ids), self.device, self.config.torch_dtype
             )
             try:
-                x = self.model.hidden_states(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+                x = self.forward.eager_hidden_states(
+                    inp.input_ids, inp.positions, self.kv_caches, inp.meta
+                )
             finally:
                 self.lora.batch.clear()
         else:

@@ -48,6 +48,7 @@ class _Linear:
     weight_ptr: int
     packed_ptr: int
     bias_ptr: int | None
+    lora: Any  # the layer's adapter slots (workers.lora.layers.LoraSlots), or None
 
     @classmethod
     def of(cls, module: Any, with_bias: bool = True) -> _Linear:
@@ -64,6 +65,7 @@ class _Linear:
             weight_ptr=0 if w.is_meta else w.data_ptr(),
             packed_ptr=0 if packed is None else packed.data_ptr(),
             bias_ptr=None if bias is None else bias.data_ptr(),
+            lora=getattr(module, "lora", None),
         )
 
 
@@ -286,6 +288,8 @@ class CpuLayers:
             torch.addmm(lin.bias, src, lin.weight.t(), out=out)
         else:
             torch.mm(src, lin.weight.t(), out=out)
+        if lin.lora is not None and lin.lora.batch.active:
+            lin.lora.add_to(src, out)  # a row-parallel layer's before its all-reduce, as there
 
     def _reduce(self, delta: torch.Tensor, bias: torch.Tensor | None) -> None:
         """A row-parallel layer's end: the all-reduce, then its bias once."""

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
+from workers.core.engine_stats import engine_stats
 from workers.core.output_processor import (
     finish_abort,
     finish_grammar_complete,
@@ -29,7 +30,7 @@ from workers.core.output_processor import (
 )
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
-from workers.core.stats import EngineStats, waiting_prefill_tokens
+from workers.core.stats import EngineStats
 from workers.core.step import build_step_input
 from workers.executor.base import Executor, create_executor
 from workers.inputs import EngineInput, InputChecker
@@ -72,6 +73,7 @@ class LLMEngine:
         # LoRA: the adapters' device slots (None: the engine serves the base model only).
         self.lora_slots = None if config.lora is None else LoraSlotTable(config.lora, config.model)
         self.lora_load_seconds = 0.0
+        self.moe_expert_tokens: tuple[tuple[int, ...], ...] = ()  # EngineStats' field
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
@@ -256,6 +258,8 @@ class LLMEngine:
         self._removed = []
         result = self.executor.execute(step)
         self.lora_load_seconds += result.lora_load_s
+        if result.expert_tokens is not None:
+            self.moe_expert_tokens = result.expert_tokens
         now = time.monotonic()
         self.num_steps += 1
         self.step_token_counts.append(sched.num_batched_tokens)
@@ -338,44 +342,7 @@ class LLMEngine:
 
     # -- introspection -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        bm = self.block_manager
-        g = self.structured.compiler.stats()
-        return EngineStats(
-            num_requests_running=len(self.scheduler.running),
-            num_requests_waiting=len(self.scheduler.waiting),
-            num_waiting_prefill_tokens=waiting_prefill_tokens(
-                self.scheduler.waiting, self.scheduler.running
-            ),
-            kv_blocks_used=bm.num_used_blocks,
-            kv_blocks_total=bm.num_blocks,
-            kv_cache_usage=bm.usage,
-            prefix_cache_queries=bm.prefix_queries,
-            prefix_cache_hits=bm.prefix_hits,
-            num_preemptions=self.scheduler.num_preemptions,
-            prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens,
-            num_steps=self.num_steps,
-            structured_requests=g.structured_requests,
-            grammar_cache_hits=g.cache_hits,
-            grammar_compiles=g.compiles,
-            grammar_compile_seconds=g.compile_seconds,
-            recent_grammar_compile_seconds=g.recent_compile_seconds,
-            cpu_kernels=self.worker_info.get("cpu_kernels", ""),
-            **self._lora_stats(),
-        )
-
-    def _lora_stats(self) -> dict:
-        t = self.lora_slots
-        if t is None:
-            return {}
-        return {
-            "lora_adapters": t.adapters(),
-            "lora_slots_used": t.used,
-            "lora_slots_total": t.config.max_loras,
-            "lora_loads": t.loads,
-            "lora_evictions": t.evictions,
-            "lora_load_seconds": self.lora_load_seconds,
-        }
+        return engine_stats(self)
 
     def pop_step_token_counts(self) -> list[int]:
         counts = list(self.step_token_counts)

@@ -49,6 +49,11 @@ class EngineStats:
     lora_loads: int = 0
     lora_evictions: int = 0
     lora_load_seconds: float = 0.0
+    # Mixture-of-experts models: tokens routed to each expert (cumulative), one row per sparse
+    # layer, one column per expert (a token counts once for each of its top-k experts); the
+    # workers report them about once a second, so they may trail the other fields. () for
+    # dense models.
+    moe_expert_tokens: tuple[tuple[int, ...], ...] = ()
 
 
 RECENT_COMPILES = 256

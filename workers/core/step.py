@@ -68,6 +68,9 @@ class StepOutput:
     # SamplingParams.pooling: seq_id -> the pooled embedding, once its prompt is done.
     embeddings: dict[str, list[float]] | None = None
     lora_load_s: float = 0.0  # seconds this step spent loading adapters into slots
+    # Mixture-of-experts models, about once a second: the cumulative tokens routed to each
+    # expert, [sparse layer][expert] (EngineStats.moe_expert_tokens); None in other steps.
+    expert_tokens: tuple[tuple[int, ...], ...] | None = None
 
 
 def build_step_input(

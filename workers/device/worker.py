@@ -18,6 +18,7 @@ from workers.core.step import GrammarBitmask, StepInput, StepOutput
 from workers.device.attention_backend import AttentionBackend
 from workers.device.distributed import TPGroup
 from workers.device.forward import ForwardStrategy, ModelForward
+from workers.device.layers.moe import SparseMoeBlock
 from workers.device.layers.sampler import greedy_tokens
 from workers.device.loader import load_weights
 from workers.device.model_runner import SeqState, prepare_inputs
@@ -27,6 +28,9 @@ from workers.device.scoring import scoring_outputs
 log = logging.getLogger(__name__)
 
 _CPU_DEFAULT_KV_BYTES = 1 << 30
+# How often the driver reports the experts' loads (EngineStats.moe_expert_tokens): a host
+# sync, so not every step; metrics are scraped every few seconds anyway.
+EXPERT_REPORT_S = 1.0
 
 
 def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
@@ -74,6 +78,9 @@ class Worker:
         self.sampler = Sampler(seed=config.seed)
         # LoRA adapters' device slots (None: the base model only), before the forward is built:
         # the direct kernel calls read each projection's slots (workers/lora/layers.py).
+        # Mixture-of-experts layers, whose tokens per expert the driver reports to the engine.
+        self.moe_layers = [m for m in self.model.modules() if isinstance(m, SparseMoeBlock)]
+        self._expert_report_t = 0.0
         self.lora = None
         if config.lora is not None:
             from workers.lora.device import LoraDevice
@@ -182,6 +189,7 @@ class Worker:
             out = self._execute(step)
             if out is not None:
                 out.lora_load_s = load_s
+                out.expert_tokens = self._expert_tokens_report()
             return out
         finally:
             self.steps += 1
@@ -230,6 +238,14 @@ class Worker:
                 logits = mask_disallowed(logits.float(), rows_t, bits)
             return extras.attach(StepOutput(ids, greedy_tokens(logits).tolist()))
         return extras.attach(self._sample(logits, rows, ids, step.grammar))
+
+    def _expert_tokens_report(self) -> tuple[tuple[int, ...], ...] | None:
+        """Every sparse layer's tokens per expert, about once a second (one host sync)."""
+        if not self.moe_layers or time.monotonic() - self._expert_report_t < EXPERT_REPORT_S:
+            return None
+        self._expert_report_t = time.monotonic()
+        counts = torch.stack([m.expert_tokens for m in self.moe_layers]).tolist()
+        return tuple(tuple(row) for row in counts)
 
     def _load_loras(self, step: StepInput) -> float:
         """Puts the step's new adapters into their slots; returns the seconds it took."""

@@ -75,6 +75,9 @@ class SparseMoeBlock(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n, hidden_size, self.inter, dtype=dtype))
         for p in self.parameters():
             p.requires_grad_(False)
+        # Tokens routed to each expert so far (a token counts for each of its top-k): the
+        # per-expert load metric. On the device, summed without a host sync per step.
+        self.register_buffer("expert_tokens", torch.zeros(moe.num_experts, dtype=torch.int64))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) of each token's top-k experts."""
@@ -89,6 +92,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        self.expert_tokens += torch.bincount(ids.reshape(-1), minlength=self.num_experts)
         return self.tp.all_reduce(self.experts(x, weights, ids))
 
     def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -198,3 +198,30 @@ def test_partition_under_tensor_parallelism() -> None:
     assert [part.local_index(e) for e in (0, 7, 8)] == [0, 7, None]
     with pytest.raises(ValueError, match=r"intermediate size \(32\) is not divisible"):
         ExpertPartition.of(moe, TPGroup(0, 3))
+
+
+def test_tokens_per_expert_are_counted_as_routed() -> None:
+    block = _block(_config(8, 3))
+    x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        block(x[:25])
+        block(x[25:])
+        _, ids = block.route(x)
+    expected = torch.bincount(ids.reshape(-1), minlength=8)
+    assert block.expert_tokens.tolist() == expected.tolist() and expected.sum() == 40 * 3
+    assert (expected == 0).sum() < 8  # some expert got tokens: the counts can differ from zero
+
+
+def test_the_engine_reports_tokens_per_expert(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from tests.moe_checkpoints import make_moe_checkpoint
+    from workers import LLM, SamplingParams
+    from workers.device import worker
+
+    monkeypatch.setattr(worker, "EXPERT_REPORT_S", 0.0)  # every step: the latest is exact
+    path = make_moe_checkpoint("qwen3_moe", tmp_path / "moe", num_experts=8, top_k=2)
+    llm = LLM(str(path), kv_cache_memory_bytes=8 << 20, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm.generate([[5, 6, 7], [9, 10, 11, 12, 13]], params, use_tqdm=False)
+    loads = llm.stats().moe_expert_tokens
+    computed = (3 + 5) + 2 * 5  # the prompts, then five decodes each (the 6th token is not fed)
+    assert loads and all(len(row) == 8 and sum(row) == computed * 2 for row in loads)

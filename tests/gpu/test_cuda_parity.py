@@ -76,3 +76,45 @@ def test_cuda_greedy_matches_transformers(
         hf.cuda()
     if compile:  # the decode steps (5 sequences, padded to 8) ran from the graphs
         assert compiled.graphs.replays > 0
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "graphs"])
+def test_cuda_lora_mixed_batch_matches_merged_weights(compile: bool, tmp_path) -> None:
+    """Base-model rows and two adapters in one batch on CUDA (float32): each equals
+    transformers with peft's merged weights; base-only steps still replay CUDA graphs."""
+    pytest.importorskip("peft")
+    from tests.checkpoints import hf_greedy
+    from tests.workers.lora.adapters import merged_hf_model, write_random_adapter
+    from workers import LLM, SamplingParams
+    from workers.lora import LoRARequest
+
+    path = make_checkpoint("qwen2", tmp_path / "base")
+    adapters = {
+        name: write_random_adapter(path, tmp_path / name, rank=rank, seed=seed)
+        for name, rank, seed in (("a1", 8, 1), ("a2", 16, 2))
+    }
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        device="cuda",
+        compile=compile,
+        kv_cache_memory_bytes=1 << 30,
+        enable_lora=True,
+        max_lora_rank=16,
+    )
+    rng = random.Random(1)
+    prompts, loras = [], []
+    for n in (1, 17, 64):
+        p = [rng.randrange(3, 3800) for _ in range(n)]
+        for i, name in enumerate((None, "a1", "a2")):
+            prompts.append(p)
+            loras.append(None if name is None else LoRARequest(name, i, str(adapters[name])))
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+    for prompt, lora, out in zip(prompts, loras, outs, strict=True):
+        hf = merged_hf_model(path, adapters[lora.lora_name]) if lora else None
+        if hf is None:
+            from tests.checkpoints import load_hf
+
+            hf = load_hf(path)
+        assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, 12))

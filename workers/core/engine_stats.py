@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workers.core.stats import EngineStats, waiting_prefill_tokens
 
-if TYPE_CHECKING:
-    from workers.core.engine import LLMEngine
+# The engine is passed in (workers.core.engine.LLMEngine), not imported: no import cycle.
 
 
-def engine_stats(engine: LLMEngine) -> EngineStats:
+def engine_stats(engine: Any) -> EngineStats:
     bm, sched = engine.block_manager, engine.scheduler
     g = engine.structured.compiler.stats()
     return EngineStats(
@@ -37,7 +36,7 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
     )
 
 
-def _lora_stats(engine: LLMEngine) -> dict[str, Any]:
+def _lora_stats(engine: Any) -> dict[str, Any]:
     t = engine.lora_slots
     if t is None:
         return {}

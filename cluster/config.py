@@ -17,8 +17,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cluster.config_autoscaling import AUTOSCALING_LOOK_BACK_S as AUTOSCALING_LOOK_BACK_S
+from cluster.config_autoscaling import autoscaling_config
 from cluster.config_checks import AUTOSCALING_POLICIES, DEVICES, ROUTERS, validate
+from cluster.config_flag import LORA_GROUP as LORA_GROUP
 from cluster.config_flag import MODEL_GROUP, NETWORK_GROUP, REPLICAS_GROUP, Flag
+from cluster.config_lora import LoraModule, lora_engine_kwargs, lora_field, parse_lora_modules
 from cluster.config_tenants import tenant_field
 from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS
 from workers.config import (
@@ -31,12 +35,6 @@ from workers.config import (
 )
 
 DEMO_MODEL_NAME = "kvray-demo"
-# The policy class of autoscaling_policy "llm", as Serve imports it.
-LLM_AUTOSCALING_POLICY = "cluster.controller.autoscaling:LLMAutoscalingPolicy"
-# The window Serve averages each replica's stats over: short, so the policy sees the load of
-# now (the policy's delays, not a long average, keep it from flapping), yet over Serve's
-# deprecated metrics_interval_s (10 s), which it warns about otherwise.
-AUTOSCALING_LOOK_BACK_S = 11.0
 # Ports (docs/contracts.md): HTTP is Ray Serve's default, metrics the port KubeRay's Prometheus
 # examples scrape. The gRPC port's one literal is cluster/grpc_api/ingress.py's.
 DEFAULT_HTTP_PORT = 8000
@@ -284,8 +282,18 @@ class ServeConfig:
     tenant_header: str | None = tenant_field("tenant_header")
     tenant_requests_per_s: float | None = tenant_field("tenant_requests_per_s")
     tenant_tokens_per_s: float | None = tenant_field("tenant_tokens_per_s")
+    # LoRA adapters and expert parallelism: help and checks in cluster/config_lora.py.
+    enable_lora: bool = lora_field("enable_lora")
+    lora_modules: tuple[LoraModule, ...] | None = lora_field("lora_modules")
+    max_loras: int = lora_field("max_loras")
+    max_lora_rank: int = lora_field("max_lora_rank")
+    max_cpu_loras: int | None = lora_field("max_cpu_loras")
+    enable_runtime_lora: bool = lora_field("enable_runtime_lora")
+    enable_expert_parallel: bool = lora_field("enable_expert_parallel")
 
     def __post_init__(self) -> None:
+        # YAML lists and flag strings become LoraModules (frozen: set through object).
+        object.__setattr__(self, "lora_modules", parse_lora_modules(self.lora_modules))
         validate(self)
 
     @staticmethod
@@ -303,7 +311,10 @@ class ServeConfig:
 
     def to_args(self) -> dict[str, Any]:
         """The YAML `args` mapping: every field that is set (None fields are left out)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        args = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if self.lora_modules:  # YAML has no tuples: a list of mappings
+            args["lora_modules"] = [m.to_arg() for m in self.lora_modules]
+        return args
 
     @property
     def tls(self) -> bool:
@@ -315,33 +326,7 @@ class ServeConfig:
 
     def autoscaling_config(self) -> dict[str, Any] | None:
         """Ray Serve's autoscaling_config for LLMServer, or None for a fixed replica count."""
-        if not self.autoscaling:
-            return None
-        lo = self.min_replicas if self.min_replicas is not None else 1
-        hi = self.max_replicas if self.max_replicas is not None else max(lo, self.num_replicas)
-        config: dict[str, Any] = {
-            "min_replicas": lo,
-            "max_replicas": hi,
-            "initial_replicas": max(lo, 1),
-            "target_ongoing_requests": self.target_ongoing_requests,
-            "look_back_period_s": AUTOSCALING_LOOK_BACK_S,
-            "upscale_delay_s": self.upscale_delay_s,
-            "downscale_delay_s": self.downscale_delay_s,
-        }
-        if self.autoscaling_policy == "llm":
-            # The policy applies the delays itself (with its hysteresis band): Serve's are 0.
-            kwargs = {
-                "target_waiting_requests": float(self.target_waiting_requests),
-                "target_kv_cache_usage": float(self.target_kv_cache_usage),
-                "upscale_delay_s": float(self.upscale_delay_s),
-                "downscale_delay_s": float(self.downscale_delay_s),
-            }
-            config |= {
-                "upscale_delay_s": 0.0,
-                "downscale_delay_s": 0.0,
-                "policy": {"policy_function": LLM_AUTOSCALING_POLICY, "policy_kwargs": kwargs},
-            }
-        return config
+        return autoscaling_config(self)
 
     def engine_kwargs(self, model_dir: str) -> dict[str, Any]:
         """`EngineArgs` keyword arguments of one replica's engine (workers/config.py).
@@ -365,6 +350,7 @@ class ServeConfig:
             "grammar_cache_size": self.grammar_cache_size,
             # Engines record prefix-cache events only for the router that reads them.
             "kv_events": self.request_router == "kv_events",
+            **lora_engine_kwargs(self),  # LoRA and expert parallelism
         }
 
     def ingress_max_in_flight(self) -> int:

@@ -7,6 +7,7 @@ import math
 from typing import Any
 from urllib.parse import urlsplit
 
+from cluster.config_lora import check_lora
 from cluster.config_tenants import check_tenants
 from workers.config import ATTENTION_BACKENDS
 
@@ -168,6 +169,7 @@ def validate(cfg: Any) -> None:
         "must be a number in [0, 1]",
     )
     check_tenants(cfg)  # the keys file, the tenant header, the default quotas
+    check_lora(cfg)  # the adapters and the engine's LoRA limits
 
 
 def is_http_url(v: str) -> bool:

@@ -37,6 +37,8 @@ class BackendContext:
     api_key: str | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # inprocess EngineArgs extras
     torch_threads: int = 0  # inprocess: torch intra-op threads (0: torch's default)
+    # inprocess: LoRA adapter name -> its directory (the requests' `model`: --workload lora).
+    lora_modules: dict[str, str] = field(default_factory=dict)
 
 
 class Backend(Protocol):

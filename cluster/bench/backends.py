@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from cluster.bench.backend_types import Backend, BackendContext, RequestRecord
@@ -47,7 +48,7 @@ def completions_target(ctx: BackendContext) -> tuple[str, dict[str, str]]:
 def stream_body(ctx: BackendContext, req: BenchRequest) -> dict[str, Any]:
     """A bench request as a streamed /v1/completions body: greedy, ignore_eos, usage at the end."""
     return {
-        "model": ctx.model,
+        "model": req.model or ctx.model,
         "prompt": list(req.prompt_ids),
         "max_tokens": req.output_len,
         "ignore_eos": True,
@@ -139,9 +140,11 @@ class HttpBackend:
 class InProcessBackend:
     name = "inprocess"
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, lora_modules: dict[str, str] | None = None) -> None:
         self._engine = engine
         self._ids = 0
+        # Adapter name -> LoRARequest; ids 1, 2, ... in name order (a server assigns its own).
+        self._loras = _lora_requests(lora_modules or {})
 
     @staticmethod
     async def open(ctx: BackendContext) -> InProcessBackend:
@@ -154,7 +157,8 @@ class InProcessBackend:
 
             torch.set_num_threads(ctx.torch_threads)
         args = EngineArgs(model=ctx.model_dir, **ctx.engine_kwargs)
-        return InProcessBackend(await asyncio.to_thread(AsyncEngine, args))
+        engine = await asyncio.to_thread(AsyncEngine, args)
+        return InProcessBackend(engine, ctx.lora_modules)
 
     async def send(self, req: BenchRequest) -> RequestRecord:
         from workers import SamplingParams
@@ -173,7 +177,10 @@ class InProcessBackend:
         last = start
         out = None
         try:
-            async for out in self._engine.generate(list(req.prompt_ids), params, f"b{self._ids}"):
+            inp = self._engine.input_checker.check(list(req.prompt_ids), params)
+            if req.model:
+                inp = replace(inp, lora=self._loras[req.model])
+            async for out in self._engine.generate_input(inp, f"b{self._ids}"):
                 now = time.perf_counter()
                 if out.outputs[0].delta_token_ids:
                     if rec.ttft == 0.0:
@@ -195,3 +202,10 @@ class InProcessBackend:
         import asyncio
 
         await asyncio.to_thread(self._engine.shutdown)
+
+
+def _lora_requests(modules: dict[str, str]) -> dict[str, Any]:
+    from workers.lora.request import LoRARequest
+
+    named = sorted(modules.items())
+    return {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(named)}

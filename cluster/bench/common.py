@@ -26,6 +26,8 @@ class BenchRequest:
     # A JSON schema as JSON text: the request is constrained to it and ends when its grammar
     # does (output_len is then a cap); "" = free text, exactly output_len tokens (ignore_eos).
     json_schema: str = ""
+    # The `model` the request names: a LoRA adapter's name; "" = the served (base) model.
+    model: str = ""
 
     @property
     def prompt_len(self) -> int:

@@ -43,7 +43,7 @@ def generate_request(ctx: BackendContext, req: BenchRequest) -> Any:
     from kvray.v1 import llm_pb2
 
     msg = llm_pb2.GenerateRequest(
-        model=ctx.model,
+        model=req.model or ctx.model,
         token_ids=llm_pb2.TokenIds(ids=req.prompt_ids),
         sampling=llm_pb2.SamplingParams(
             max_tokens=req.output_len, ignore_eos=True, temperature=0.0

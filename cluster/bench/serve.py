@@ -8,6 +8,7 @@
     kvray bench serve --launch --num-replicas 2 --fault-at 10     # kill the busiest engine
     kvray bench serve --launch --num-replicas 2 --chaos 600       # faults under a mixed load
     kvray bench serve --launch --workload json-schema --rounds 3  # constrained vs free text
+    kvray bench serve --launch --workload lora --num-adapters 16   # adapters vs base model
 
 Requests are streaming completions with token-id prompts, ignore_eos and max_tokens, so every
 backend does exactly the same work. Arrivals are Poisson at --request-rate (inf: all at once),
@@ -25,7 +26,7 @@ report in serve_report.py, the --launch cluster in launch.py, the backends in ba
 the --overload mode (status counts, /health latency from another process, drain time) in
 overload.py, --fault-at (kill a replica mid-run) in fault.py, --chaos (faults at random under
 a mixed workload) in chaos.py, --workload json-schema (constrained vs unconstrained twins) in
-serve_structured.py.
+serve_structured.py, --workload lora (adapters vs the base model) in serve_lora.py.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cluster.bench import chaos, fault, launch, overload
+from cluster.bench import chaos, fault, launch, overload, serve_lora
 from cluster.bench.backends import BACKENDS, BackendContext, RequestRecord, open_backend
 from cluster.bench.common import (
     BenchRequest,
@@ -82,11 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--served-model-name", default=None, help="model id in requests (default: the server's)")
     a(
         "--workload",
-        choices=("random", "shared-prefix", "tenants-zipf", "json-schema"),
+        choices=("random", "shared-prefix", "tenants-zipf", "json-schema", "lora"),
         default="random",
         help="shared-prefix: --num-tenants system prompts, each equally likely; tenants-zipf: "
         "the same with Zipf popularity (--zipf-s); json-schema: each round, the same prompts "
-        "with and without response_format json_schema; reports constrained/unconstrained",
+        "with and without response_format json_schema; reports constrained/unconstrained; "
+        "lora: the same prompts on the base model, then naming --num-adapters LoRA adapters",
     )
     a("--num-prompts", type=int, default=200)
     a("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default inf)")
@@ -118,6 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     overload.add_arguments(parser)
     fault.add_arguments(parser)
     chaos.add_arguments(parser)
+    serve_lora.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,8 +163,9 @@ def run(args: argparse.Namespace) -> int:
     if args.launch:
         # As `kvray serve` runs it; before anything imports ray.serve in this process.
         apply_serve_env()
+    adapters = serve_lora.prepare_adapters(args, model_dir) if args.workload == "lora" else {}
     summaries = asyncio.run(
-        _run_all(args, backends, routers, model_dir, workloads, warmup, token_ids)
+        _run_all(args, backends, routers, model_dir, workloads, warmup, token_ids, adapters)
     )
     comparisons = compare(summaries)
     print()
@@ -171,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
 
         comparisons["json_schema_vs_unconstrained"] = compare_structured(summaries)
         print(format_structured(comparisons["json_schema_vs_unconstrained"]))
+    if args.workload == "lora":
+        comparisons["lora_vs_base"] = serve_lora.compare_lora(summaries)
+        print(serve_lora.format_lora(summaries, comparisons["lora_vs_base"]))
     if args.workload == "tenants-zipf":
         from cluster.bench.tenants import router_cpu_us
 
@@ -257,14 +264,17 @@ async def _run_all(
     workloads: Sequence[Workload],
     warmup: Workload,
     token_ids: Sequence[int],
+    adapters: dict[str, str],
 ) -> list[dict[str, Any]]:
     engine_kwargs: dict[str, Any] = {"max_num_seqs": args.max_num_seqs}
     if args.kv_cache_memory:
         engine_kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory
+    engine_kwargs |= serve_lora.engine_overrides(args, adapters)
     base = replace(
         server_context(args, model_dir),
         engine_kwargs=engine_kwargs,
         torch_threads=args.inprocess_threads,
+        lora_modules=adapters,
     )
     remote = [b for b in backends if b != "inprocess"]
     async with contextlib.AsyncExitStack() as stack:
@@ -279,7 +289,8 @@ async def _run_all(
             opened = await _open_all(stack, remote, ctx, args, warmup, lambda n: n)
             return await _rounds(args, workloads, token_ids, inprocess, opened)
         summaries = []
-        cluster = stack.enter_context(LocalCluster(args, _max_queued(workloads, warmup)))
+        lora = serve_lora.server_overrides(args, adapters)
+        cluster = stack.enter_context(LocalCluster(args, _max_queued(workloads, warmup), lora))
         for router in routers:
             ctx = await asyncio.to_thread(cluster.deploy, router, base)
             async with contextlib.AsyncExitStack() as per_router:
@@ -336,6 +347,8 @@ async def _rounds(
         from cluster.bench.serve_structured import structured_rounds
 
         return await structured_rounds(args, workloads, both, token_ids, measure, group)
+    if args.workload == "lora":
+        return await serve_lora.lora_rounds(args, workloads, both, token_ids, measure, group)
     summaries = []
     for r, workload in enumerate(workloads):
         for slot, (label, backend) in enumerate(both):

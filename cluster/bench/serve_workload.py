@@ -1,5 +1,6 @@
-"""The workloads of `kvray bench serve`: fixed-length random prompts, or tenants that each
-share a system prompt (what a prefix-affinity router is for)."""
+"""The workloads of `kvray bench serve`: fixed-length random prompts, tenants that each
+share a system prompt (what a prefix-affinity router is for), or prompts naming LoRA adapters
+(serve_lora.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ from cluster.bench.tenants import zipf_tenant_workload
 
 
 def build_workload(args: argparse.Namespace, token_ids: Sequence[int]) -> Workload:
+    if args.workload == "lora":
+        from cluster.bench.serve_lora import lora_workload
+
+        return lora_workload(
+            token_ids,
+            num_prompts=args.num_prompts,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            num_adapters=args.num_adapters,
+            zipf_s=args.lora_zipf_s,
+            seed=args.seed,
+        )
     if args.workload == "json-schema":
         from cluster.bench.serve_structured import structured_workload
 

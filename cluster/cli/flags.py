@@ -20,16 +20,18 @@ from typing import Any
 from cluster.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_METRICS_PORT,
+    LORA_GROUP,
     MODEL_GROUP,
     NETWORK_GROUP,
     REPLICAS_GROUP,
     Flag,
     ServeConfig,
 )
+from cluster.config_lora import absolute_modules, parse_lora_modules
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 from cluster.units import parse_size
 
-GROUPS = (MODEL_GROUP, REPLICAS_GROUP, NETWORK_GROUP)
+GROUPS = (MODEL_GROUP, LORA_GROUP, REPLICAS_GROUP, NETWORK_GROUP)
 
 
 def size_arg(text: str) -> int:
@@ -84,9 +86,11 @@ def _add_field_flag(group: argparse._ArgumentGroup, f: Field[Any], flag: Flag, h
     name = flag.name or "--" + f.name.replace("_", "-")
     names = [name, *flag.aliases]
     if isinstance(f.default, bool):
-        # Every boolean defaults to on; its flag turns it off (--no-prefix-caching).
-        assert f.default is True and name.startswith("--no-"), f.name
-        group.add_argument(*names, dest=f.name, action="store_false", help=flag.help)
+        # A boolean that defaults to on has a flag that turns it off (--no-prefix-caching);
+        # one that defaults to off, a switch that turns it on (--enable-runtime-lora).
+        assert f.default is False or name.startswith("--no-"), f.name
+        action = "store_false" if f.default else "store_true"
+        group.add_argument(*names, dest=f.name, action=action, help=flag.help)
         return
     if _base_type(hint) is bool:  # bool | None: --x / --no-x, None leaves the default
         group.add_argument(
@@ -98,13 +102,15 @@ def _add_field_flag(group: argparse._ArgumentGroup, f: Field[Any], flag: Flag, h
         kwargs["help"] += " (default %(default)s)"
     if flag.kind == "size":
         kwargs["type"] = size_arg
+    elif flag.kind == "lora_modules":  # one or more NAME=PATH; read by config_from_flags
+        kwargs |= {"nargs": "+", "metavar": "NAME=PATH"}
     elif _base_type(hint) is int:
         kwargs["type"] = int
     elif _base_type(hint) is float:
         kwargs["type"] = float
     if flag.choices:
         kwargs["choices"] = flag.choices
-    if name != "--" + f.name.replace("_", "-"):
+    if name != "--" + f.name.replace("_", "-") and "metavar" not in kwargs:
         kwargs["metavar"] = name.removeprefix("--").replace("-", "_").upper()
     group.add_argument(*names, **kwargs)
 
@@ -121,8 +127,11 @@ def config_from_flags(args: argparse.Namespace) -> ServeConfig:
     """ServeConfig from parsed flags; raises ValueError naming a bad field."""
     values = {f.name: getattr(args, f.name) for f in fields(ServeConfig)}
     for f in fields(ServeConfig):
-        if f.metadata["flag"].kind == "path" and values[f.name]:
+        kind = f.metadata["flag"].kind
+        if kind == "path" and values[f.name]:
             values[f.name] = os.path.abspath(values[f.name])
+        elif kind == "lora_modules":
+            values[f.name] = absolute_modules(parse_lora_modules(values[f.name]))
     return ServeConfig(**values)
 
 

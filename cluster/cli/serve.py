@@ -48,6 +48,7 @@ from cluster.cli.ports import (
     stop_processes,
 )
 from cluster.config import ServeConfig
+from cluster.config_lora import lora_modules_missing
 from cluster.config_tenants import keys_file_missing
 from cluster.serve_env import SERVE_ENV, apply_serve_env
 from cluster.tracing import exporter_missing
@@ -62,8 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "HTTP (OpenAI API): /v1/completions (echo and prompt logprobs for evaluation "
         "harnesses), /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models, "
-        "/tokenize, /detokenize, /health, /ready; gRPC: kvray.v1.LLMService (Generate, "
-        "GenerateStream, Embed, Tokenize, ListModels). Batch files: `kvray run-batch`. "
+        "/tokenize, /detokenize, /health, /ready (and /v1/load_lora_adapter, "
+        "/v1/unload_lora_adapter with --enable-runtime-lora); gRPC: kvray.v1.LLMService "
+        "(Generate, GenerateStream, Embed, Tokenize, ListModels, LoadLoraAdapter, "
+        "UnloadLoraAdapter). LoRA adapters: docs/lora.md. Batch files: `kvray run-batch`. "
         "Details: docs/contracts.md."
     )
     add_serve_flags(parser, default_host="127.0.0.1")
@@ -93,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"kvray serve: {err}", file=sys.stderr)
         return 2
-    if not args.address and (missing := keys_file_missing(config)):  # a local Ray reads it here
+    # A local Ray reads these files here (the adapters' content: when the ingress starts).
+    missing = not args.address and (keys_file_missing(config) or lora_modules_missing(config))
+    if missing:
         print(f"kvray serve: {missing}", file=sys.stderr)
         return 2
     api_key = api_key_from(args)
@@ -295,6 +300,7 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
 
+    from cluster.ingress.lora_registry import delete_registry
     from cluster.liveness import liveness_app_name
 
     if not ray.is_initialized():
@@ -307,6 +313,7 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
             else:
                 serve.delete(APP_NAME)
             serve.delete(liveness_app_name(APP_NAME))
+            delete_registry(APP_NAME)  # its runtime LoRA adapters (a detached actor)
         elif drain_timeout_s <= 0 or _drain(drain_timeout_s):
             serve.shutdown()  # no replicas left (once drained): stops the rest at once
     except Exception as err:  # shutting down anyway

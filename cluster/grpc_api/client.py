@@ -261,6 +261,20 @@ class KvrayClient:
         req = build_embed_request(inputs, **kwargs)
         return self._stub.Embed(req, timeout=self._deadline(timeout), metadata=self._metadata)
 
+    def load_lora_adapter(
+        self, name: str, path: str, *, timeout: float | None = None
+    ) -> llm_pb2.Model:
+        """Serves the LoRA adapter in directory `path` (on the server) as model `name`."""
+        req = llm_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
+        resp = self._stub.LoadLoraAdapter(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        return resp.model
+
+    def unload_lora_adapter(self, name: str, *, timeout: float | None = None) -> None:
+        req = llm_pb2.UnloadLoraAdapterRequest(lora_name=name)
+        self._stub.UnloadLoraAdapter(req, timeout=self._deadline(timeout), metadata=self._metadata)
+
     def _deadline(self, timeout: float | None) -> float | None:
         return timeout if timeout is not None else self._timeout
 
@@ -341,6 +355,21 @@ class AsyncKvrayClient:
     ) -> llm_pb2.EmbedResponse:
         req = build_embed_request(inputs, **kwargs)
         return await self._stub.Embed(req, timeout=self._deadline(timeout), metadata=self._metadata)
+
+    async def load_lora_adapter(
+        self, name: str, path: str, *, timeout: float | None = None
+    ) -> llm_pb2.Model:
+        req = llm_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
+        resp = await self._stub.LoadLoraAdapter(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
+        return resp.model
+
+    async def unload_lora_adapter(self, name: str, *, timeout: float | None = None) -> None:
+        req = llm_pb2.UnloadLoraAdapterRequest(lora_name=name)
+        await self._stub.UnloadLoraAdapter(
+            req, timeout=self._deadline(timeout), metadata=self._metadata
+        )
 
     def _deadline(self, timeout: float | None) -> float | None:
         return timeout if timeout is not None else self._timeout

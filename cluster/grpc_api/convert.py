@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cluster.errors import InvalidRequestError, ModelNotFoundError
+from cluster.errors import InvalidRequestError
 from cluster.grpc_api import constraints
 from cluster.ingress import embeddings, prepare
 from cluster.ingress.embeddings import EmbedInput, EmbedOptions
@@ -63,12 +63,6 @@ _POOLING_TYPES = {
     llm_pb2.POOLING_TYPE_LAST: "last",
     llm_pb2.POOLING_TYPE_MEAN: "mean",
 }
-
-
-def check_model(requested: str, served: str) -> None:
-    """Empty selects the served model; any other name must be it (else NOT_FOUND)."""
-    if requested and requested != served:
-        raise ModelNotFoundError(requested)
 
 
 def input_kind(req: llm_pb2.GenerateRequest | llm_pb2.TokenizeRequest) -> str | None:

@@ -123,6 +123,7 @@ class GrpcIngress:
         from cluster.grpc_api.servicer import LLMServicer
         from cluster.grpc_api.tracing import trace_interceptors
         from cluster.ingress.limits import RequestLimits
+        from cluster.ingress.lora_catalog import LoraCatalog
         from cluster.ingress.route_spans import route_spans
         from cluster.ingress.tenant_gate import TenantGate
         from cluster.ingress.tenants import TenantAuth
@@ -145,6 +146,7 @@ class GrpcIngress:
             max_migrations=config.max_migrations,
             queue_timeout_s=config.queue_timeout_s,
             spans=spans,
+            lora=LoraCatalog.from_config(config),  # the model's LoRA adapters
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING

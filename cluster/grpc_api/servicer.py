@@ -10,7 +10,9 @@ model) and sent to LLMServer as a GenerateRequest through the shared LLMClient, 
 prefix-affinity router and the engine see identical requests from both APIs, and errors
 have the same status on both (cluster.errors.as_kvray_error). Embed reads its inputs with
 the shared embedding preparation (cluster/ingress/embeddings.py), as POST /v1/embeddings does,
-and runs one engine request per input, concurrently.
+and runs one engine request per input, concurrently. `model` names the served model or one of
+its LoRA adapters, resolved by the catalog both ingresses share (cluster/ingress/lora_catalog.py),
+which LoadLoraAdapter and UnloadLoraAdapter change as the HTTP routes do.
 
 Cancellation: grpc.aio cancels the handler task when the client cancels or disconnects; the
 LLMClient stream is closed with it, which cancels the Serve call, which Ray Serve delivers to
@@ -40,6 +42,8 @@ from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.gather import gather_or_cancel
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
+from cluster.ingress.lora_catalog import LoraCatalog
+from cluster.ingress.lora_registry import Adapter
 from cluster.ingress.prepare import Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.tenant_gate import TenantGate
@@ -84,6 +88,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         queue_timeout_s: float | None = None,
         spans: RouteSpans | None = None,
         gate: TenantGate | None = None,
+        lora: LoraCatalog | None = None,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
         # `spans`: tracing's routing spans (cluster/ingress/route_spans.py); None: off.
@@ -93,10 +98,11 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self._gate = (gate or TenantGate()).serving(self._client)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).
         self._token_text = TokenStrings.of(tokenizer)
-        self._served_model = served_model
         self._auth = auth
         self._metrics = metrics  # cluster.routing.metrics.RouterMetrics, or None (unit use)
         self._limits = limits  # ServeConfig's request bounds, as the HTTP ingress applies them
+        # What `model` names: the served model or a LoRA adapter (None: the model alone).
+        self._lora = lora or LoraCatalog(served_model)
 
     # -- RPCs ------------------------------------------------------------------------------
 
@@ -128,7 +134,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self, request: llm_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.TokenizeResponse:
         async def body() -> llm_pb2.TokenizeResponse:
-            conv.check_model(request.model, self._served_model)
+            await self._lora.target(request.model)  # an adapter tokenizes as its model
             prompt = conv.prompt_of(request, self._limits)
             use = constraints.tool_use(request.chat) if prompt.chat is not None else None
             (ids,) = await self._preparer.token_ids(prompt, use)
@@ -143,14 +149,27 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self, request: llm_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.ListModelsResponse:
         async def body() -> llm_pb2.ListModelsResponse:
-            card = await self.model_card()
-            model = llm_pb2.Model(
-                id=card["id"],
-                owned_by=OWNED_BY,
-                created=int(card["created"]),
-                max_model_len=int(card["max_model_len"]),
-            )
-            return llm_pb2.ListModelsResponse(models=[model])
+            models = [await self._model_message(None)]  # the base model, then its adapters
+            models += [await self._model_message(a) for a in await self._lora.adapters()]
+            return llm_pb2.ListModelsResponse(models=models)
+
+        return await self._rpc(context, body)
+
+    async def LoadLoraAdapter(
+        self, request: llm_pb2.LoadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.LoadLoraAdapterResponse:
+        async def body() -> llm_pb2.LoadLoraAdapterResponse:
+            adapter = await self._lora.load(request.lora_name, request.lora_path)
+            return llm_pb2.LoadLoraAdapterResponse(model=await self._model_message(adapter))
+
+        return await self._rpc(context, body)
+
+    async def UnloadLoraAdapter(
+        self, request: llm_pb2.UnloadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.UnloadLoraAdapterResponse:
+        async def body() -> llm_pb2.UnloadLoraAdapterResponse:
+            await self._lora.unload(request.lora_name)
+            return llm_pb2.UnloadLoraAdapterResponse()
 
         return await self._rpc(context, body)
 
@@ -158,15 +177,16 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         self, request: llm_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.EmbedResponse:
         async def body() -> llm_pb2.EmbedResponse:
-            conv.check_model(request.model, self._served_model)
+            target = await self._lora.target(request.model)
             prepared = await embeddings.prepare(
                 self._preparer, conv.embed_inputs(request), conv.embed_options(request), "inputs"
             )
+            prepared = target.apply(prepared)  # under the adapter, if it names one
             prepared = await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over quota
             client_id, engine_id = _request_ids(request.request_id)
             self._checked(prepared.params)
             finals = await self._finals(prepared.requests(engine_id))
-            return conv.embed_response(finals, client_id, self._served_model)
+            return conv.embed_response(finals, client_id, target.name)
 
         return await self._rpc(context, body)
 
@@ -176,13 +196,28 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         """{"id", "max_model_len", "created"} from LLMServer; fetched once (it never changes)."""
         return await self._client.model_card()
 
+    async def _model_message(self, adapter: Adapter | None) -> llm_pb2.Model:
+        """ListModels' entry of the served model (None) or of one of its adapters."""
+        card = await self.model_card()
+        model = llm_pb2.Model(
+            id=card["id"],
+            owned_by=OWNED_BY,
+            created=int(card["created"]),
+            max_model_len=int(card["max_model_len"]),
+            root=card["id"],
+        )
+        if adapter is not None:
+            model.id, model.parent, model.root = adapter.name, card["id"], adapter.path
+        return model
+
     async def _prepare(
         self, request: llm_pb2.GenerateRequest, *, stream: bool
     ) -> tuple[GenerateRequest, conv.ResponseContext]:
         """The checked engine request (errors name the field) and how to answer it."""
-        conv.check_model(request.model, self._served_model)
+        target = await self._lora.target(request.model)  # the model, or one of its adapters
         # "prompt" errors of the input check name the member the client set (see status_for).
         prepared = await self._preparer.prepare(conv.GenerateSource(request, stream=stream))
+        prepared = target.apply(prepared)
         prepared = await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over the quota
         client_id, engine_id = _request_ids(request.request_id)
         self._checked(prepared.params)
@@ -191,7 +226,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         (llm_req,) = prepared.requests(engine_id)
         ctx = conv.ResponseContext(
             request_id=client_id,
-            model=self._served_model,
+            model=target.name,  # the name the client sent: an adapter's, if it named one
             top_logprobs=request.logprobs.top_logprobs if logprobs else 0,
             token_text=self._token_text if logprobs or prompt_logprobs else None,
             tools=prepared.tool_use,

@@ -118,10 +118,11 @@ def add_embeddings_route(app: FastAPI, ingress: Any) -> None:
 
     @app.post("/v1/embeddings")
     async def create_embeddings(body: EmbeddingRequest) -> Any:
-        ingress.check_model(body.model)
+        # An adapter's name embeds with the adapter: its deltas apply to the prompt's rows.
+        target = await ingress.lora.target(body.model)
         ingress.check_admitting()
-        prepared = await body.prepare(ingress.preparer, ingress.embedding_size)
+        prepared = target.apply(await body.prepare(ingress.preparer, ingress.embedding_size))
         fmt = EmbeddingFormatter(
-            f"embd-{uuid.uuid4().hex}", ingress.model, body.encoding_format, body.dimensions
+            f"embd-{uuid.uuid4().hex}", target.name, body.encoding_format, body.dimensions
         )
         return await ingress.run(fmt, prepared, False)

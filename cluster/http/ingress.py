@@ -34,7 +34,6 @@ from cluster.errors import (
     DrainingError,
     InvalidRequestError,
     KvrayError,
-    ModelNotFoundError,
     QueueFullError,
     QueueTimeoutError,
 )
@@ -43,6 +42,7 @@ from cluster.http.echo import prompt_echo
 from cluster.http.embeddings import add_embeddings_route
 from cluster.http.format import Formatter
 from cluster.http.guard import RequestGuard
+from cluster.http.lora_routes import add_lora_routes
 from cluster.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -56,6 +56,7 @@ from cluster.ingress import checks
 from cluster.ingress.embeddings import hidden_size
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
+from cluster.ingress.lora_catalog import AdapterCheck, LoraCatalog
 from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.route_spans import route_spans
@@ -99,6 +100,11 @@ class OpenAIIngress:
         self.gate = TenantGate.from_config(config, self.client)  # quotas (tenant_gate.py)
         self.limits = RequestLimits.from_config(config)
         self.preparer = Preparer(self.prompts, self.client, self.limits)
+        # What `model` names: the served model or a LoRA adapter (cluster/ingress/lora_catalog.py).
+        # The config's adapters are read here: a bad one fails the deployment, naming it.
+        check = AdapterCheck(config)
+        check.check_static()
+        self.lora = LoraCatalog.from_config(config, check=check)
         # Set through Serve's user_config when `kvray serve` begins to shut down: /ready is
         # 503 and new generation requests are refused while in-flight ones finish.
         self.draining = False
@@ -123,10 +129,6 @@ class OpenAIIngress:
         return traced_app(StatusCounter(guarded, self.metrics), self.spans)
 
     # -- pieces the routes use ---------------------------------------------------------------
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model:
-            raise ModelNotFoundError(model)
 
     def check_admitting(self) -> None:
         """A draining ingress refuses new generation requests before any work on them."""
@@ -258,32 +260,15 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             return JSONResponse({"status": "not ready", "reason": str(err)[:200]}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = await ingress.client.model_card()
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": card["id"],
-                    "object": "model",
-                    "created": card["created"],
-                    "owned_by": "kvray",
-                    "root": card["id"],
-                    "max_model_len": card["max_model_len"],
-                }
-            ],
-        }
-
     @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest) -> Any:
-        ingress.check_model(body.model)
+        target = await ingress.lora.target(body.model)  # the model, or one of its adapters
         ingress.check_admitting()
-        prepared = await ingress.preparer.prepare(body)
+        prepared = target.apply(await ingress.preparer.prepare(body))
         fmt = Formatter(
             "completion",
             f"cmpl-{uuid.uuid4().hex}",
-            ingress.model,
+            target.name,
             body.n,
             body.logprobs,
             ingress.token_strings,
@@ -294,16 +279,16 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
     @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest) -> Any:
-        ingress.check_model(body.model)
+        target = await ingress.lora.target(body.model)
         ingress.check_admitting()
         # The tools, the output constraint (response_format, structured_outputs, or the tool
         # calls') and the chat through the template, each read once.
-        prepared = await ingress.preparer.prepare(body)
+        prepared = target.apply(await ingress.preparer.prepare(body))
         top = (body.top_logprobs or 0) if body.logprobs else None
         fmt = Formatter(
             "chat",
             f"chatcmpl-{uuid.uuid4().hex}",
-            ingress.model,
+            target.name,
             body.n,
             top,
             ingress.token_strings,
@@ -314,7 +299,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        ingress.check_model(body.model)
+        await ingress.lora.target(body.model)  # an adapter tokenizes as its model
         if body.messages is not None:
             ingress.limits.check_messages(len(body.messages))
             ids = await ingress.prompts.chat(
@@ -331,10 +316,11 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        ingress.check_model(body.model)
+        await ingress.lora.target(body.model)
         ids = ingress.prompts.token_ids(body.tokens, "tokens")
         return {"prompt": await ingress.prompts.decode(ids)}
 
+    add_lora_routes(app, ingress)  # /v1/models, LoRA loading (cluster/http/lora_routes.py)
     add_responses_route(app, ingress)  # POST /v1/responses (cluster/http/responses_route.py)
     add_embeddings_route(app, ingress)  # POST /v1/embeddings (cluster/http/embeddings.py)
     return app

@@ -14,16 +14,15 @@ from fastapi import FastAPI
 from cluster.http import responses
 from cluster.http.responses import ResponsesRequest
 from cluster.http.responses_format import ResponsesFormatter, sse_events
+from cluster.ingress.lora_catalog import LoraCatalog
 from cluster.ingress.prepare import Prepared, Preparer
 
 
 class Ingress(Protocol):
     """What the route uses of cluster.http.ingress.OpenAIIngress (which imports this module)."""
 
-    model: str
     preparer: Preparer
-
-    def check_model(self, model: str | None) -> None: ...
+    lora: LoraCatalog  # what `model` names (cluster/ingress/lora_catalog.py)
 
     def check_admitting(self) -> None: ...
 
@@ -55,8 +54,8 @@ def add_responses_route(app: FastAPI, ingress: Ingress) -> None:
 
     @app.post("/v1/responses", responses=RESPONSES_DOC)
     async def create_response(body: ResponsesRequest) -> Any:
-        ingress.check_model(body.model)
+        target = await ingress.lora.target(body.model)  # the model, or one of its adapters
         ingress.check_admitting()
-        prepared = await responses.prepare(ingress.preparer, body)
-        fmt = ResponsesFormatter(body.echo(prepared.tool_use), ingress.model, prepared.tool_use)
+        prepared = target.apply(await responses.prepare(ingress.preparer, body))
+        fmt = ResponsesFormatter(body.echo(prepared.tool_use), target.name, prepared.tool_use)
         return await ingress.run(fmt, prepared, False, frames=sse_events)

@@ -43,6 +43,7 @@ from cluster.replica.engine_restart import EngineSupervisor
 from cluster.replica.engine_spans import replica_spans
 from cluster.replica.kv_publish import kv_publisher
 from cluster.replica.queued_tokens import QueuedTokens
+from cluster.replica.replica_process import node_id, replica_name, use_reserved_cpus
 from cluster.replica.tenant_share import TenantShare
 from workers.outputs import RequestOutputKind, ended_unrun, is_queue_timeout
 from workers.structured import GRAMMAR_ERROR
@@ -77,7 +78,7 @@ class LLMServer:
         # TP = 1 runs the forward pass in the engine core, so the core gets its own process
         # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
         process = config.engine_process and config.tensor_parallel_size == 1
-        _use_reserved_cpus(config.torch_threads())
+        use_reserved_cpus(config.torch_threads())
         args = EngineArgs(**config.engine_kwargs(model_dir))
         # The engine, restarted in place should its child process die (engine_restart.py).
         self._supervisor = EngineSupervisor(
@@ -95,7 +96,7 @@ class LLMServer:
         self._share = TenantShare()  # each tenant's share of a full queue (tenant_share.py)
         # Streamed generate() calls in flight: what the chunk interval follows.
         self._streams = 0
-        self._replica = _replica_name()
+        self._replica = replica_name()
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
         # Tracing (cluster/replica/engine_spans.py); None: off, nothing traced.
         self._spans = replica_spans(config, self._replica, self._model_name)
@@ -191,7 +192,7 @@ class LLMServer:
                                 "structured_outputs: the constraint could not be compiled "
                                 f"within grammar_timeout_s ({self._config.grammar_timeout_s:g} s)",
                             )
-                        self._metrics.observe_finished(out)
+                        self._metrics.observe_finished(out, inp.lora)
                         if spans is not None and span is not None:
                             spans.finished(span, out)
                     yield out
@@ -215,7 +216,7 @@ class LLMServer:
                 # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
                 self._engine.abort(request.request_id)
                 if cancelled:
-                    self._metrics.observe_aborted()
+                    self._metrics.observe_aborted(inp.lora)
             if spans is not None and span is not None:
                 spans.end(span, finished)  # records the error leaving, if any
 
@@ -282,7 +283,7 @@ class LLMServer:
             "engine_core": "thread" if self._engine.in_process else "process",
             "engine_pid": self._engine.engine_pid,
             "pid": os.getpid(),
-            "node_id": _node_id(),
+            "node_id": node_id(),
             **dataclasses.asdict(stats),
         }
 
@@ -309,6 +310,10 @@ class LLMServer:
             # A dead engine fails requests fast, so it would look least loaded: the router
             # drops replicas that say False here before Serve replaces them.
             "engine_alive": bool(self._engine.healthy) and not self._supervisor.restarting,
+            # The adapters in the engine's device slots (lora_int_ids): the router sends an
+            # adapter's requests where it is loaded (cluster/routing/lora_policy.py).
+            "lora_adapters": tuple(s.lora_adapters),
+            "lora_slots_free": s.lora_slots_total - s.lora_slots_used,
             **({"kv": self._kv.publish()} if self._kv is not None else {}),
         }
 
@@ -367,33 +372,3 @@ def chunk_interval_s(streams: int, cap_ms: int) -> float:
     """Least seconds between two chunks of one stream when `streams` stream from this replica:
     each gets its share of STREAM_MESSAGES_PER_S, never waiting more than `cap_ms`."""
     return min(cap_ms / 1000, streams / STREAM_MESSAGES_PER_S)
-
-
-def _replica_name() -> str:
-    from ray import serve
-
-    try:
-        return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # outside Serve (unit use): one unnamed replica
-        return "local"
-
-
-def _node_id() -> str | None:
-    import ray
-
-    try:
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # outside Ray (unit use)
-        return None
-
-
-def _use_reserved_cpus(threads: int) -> None:
-    """torch threads = the CPUs this replica reserved, here and in the engine child.
-
-    Ray sets OMP_NUM_THREADS to an actor's CPUs (1 by default); the engine child inherits
-    this environment and torch reads OMP_NUM_THREADS when it starts.
-    """
-    import torch
-
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)

@@ -22,10 +22,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cluster.ray_internals import record_zero
+from cluster.replica.lora_metrics import LoraMetrics
+from cluster.replica.moe_metrics import MoeMetrics
 from workers.core.stats import new_compile_seconds
 
 if TYPE_CHECKING:
     from workers.core.stats import EngineStats
+    from workers.lora.request import LoRARequest
     from workers.outputs import RequestOutput
 
 ENGINE_TAG_KEYS = ("model", "replica")
@@ -82,9 +85,11 @@ class EngineMetrics:
         def gauge(name: str, doc: str) -> Any:
             return Gauge(name, doc, tag_keys=ENGINE_TAG_KEYS).set_default_tags(tags)
 
-        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Any:
+        def histogram(
+            name: str, doc: str, buckets: Sequence[float], extra: tuple[str, ...] = ()
+        ) -> Any:
             return Histogram(
-                name, doc, boundaries=list(buckets), tag_keys=ENGINE_TAG_KEYS
+                name, doc, boundaries=list(buckets), tag_keys=ENGINE_TAG_KEYS + extra
             ).set_default_tags(tags)
 
         self._running = gauge("kvray_num_requests_running", "Requests in the running batch.")
@@ -161,6 +166,11 @@ class EngineMetrics:
             GRAMMAR_COMPILE_BUCKETS_S,
         )
 
+        # Per adapter, and the adapters' device slots (cluster/replica/lora_metrics.py).
+        self.lora = LoraMetrics(tags, counter, gauge, histogram, TTFT_BUCKETS_S)
+        # Mixture-of-experts models: tokens per expert (cluster/replica/moe_metrics.py).
+        self.moe = MoeMetrics(tags, counter, gauge)
+
         for c in (
             self._preemptions,
             self._prefix_queries,
@@ -185,6 +195,8 @@ class EngineMetrics:
         self._kv_usage.set(float(stats.kv_cache_usage))
         self._kv_blocks.set(int(stats.kv_blocks_total))
         self._observe_info(stats)
+        self.lora.observe_stats(stats)
+        self.moe.observe(stats.moe_expert_tokens)
         self._advance(self._preemptions, "num_preemptions", int(stats.num_preemptions))
         self._advance(self._prefix_queries, "prefix_cache_queries", int(stats.prefix_cache_queries))
         self._advance(self._prefix_hits, "prefix_cache_hits", int(stats.prefix_cache_hits))
@@ -214,8 +226,9 @@ class EngineMetrics:
         if delta > 0:
             counter.inc(delta)
 
-    def observe_finished(self, out: RequestOutput) -> None:
-        """Account one finished request (the last RequestOutput, `finished=True`).
+    def observe_finished(self, out: RequestOutput, lora: LoRARequest | None = None) -> None:
+        """Account one finished request (the last RequestOutput, `finished=True`) that ran
+        under adapter `lora` (None: the base model).
 
         Token counts come from the same fields the API's `usage` is built from
         (`prompt_token_ids`, each sample's `token_ids`) so the counters equal its sums.
@@ -233,6 +246,7 @@ class EngineMetrics:
         self._success.inc(tags={"finish_reason": _request_finish_reason(out)})
         self._req_prompt.observe(prompt_tokens)
         self._req_generation.observe(generation_tokens)
+        self.lora.observe_finished(out, lora, prompt_tokens, generation_tokens)
 
         if m is None:
             return
@@ -246,9 +260,10 @@ class EngineMetrics:
         for prev, cur in zip(times, times[1:], strict=False):
             self._itl.observe(max(0.0, cur - prev))
 
-    def observe_aborted(self) -> None:
+    def observe_aborted(self, lora: LoRARequest | None = None) -> None:
         """Account a request that ended without a final output (client gone, cancelled)."""
         self._success.inc(tags={"finish_reason": "abort"})
+        self.lora.observe_aborted(lora)
 
     def observe_step_tokens(self, counts: list[int]) -> None:
         """Tokens of each engine step since the last call (`engine.pop_step_token_counts()`)."""

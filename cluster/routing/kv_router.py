@@ -6,13 +6,17 @@ workers/core/kv_events.py); the replica publishes them in its routing stats
 instance (one per ingress replica) keeps its own `KvIndex` (cluster/routing/kv_index.py).
 
 Per request the router hashes the prompt's full blocks exactly as the engine does
-(`workers.core.block_manager.chain_hash`, no salt), asks the index how many leading blocks each
-live replica holds, and picks the lowest cost:
+(`workers.core.block_manager.chain_hash`, salted with the request's LoRA adapter id, if any),
+asks the index how many leading blocks each live replica holds, and picks the lowest cost:
 
     cost = tokens to prefill (prompt minus the held prefix)
          + load_tokens x (requests in flight + engine waiting queue)
          + the whole prompt again when the replica's KV cache is nearly full
+         + adapter_load_tokens when the request's adapter is not loaded there
          - home_tokens for the prompt's rendezvous "home" replica, if it holds as much as any
+
+With the defaults a replica holding the adapter is worth 4 requests in flight (the
+prefix-affinity router's imbalance threshold): past that its adapter's requests spread.
 
 Replicas that left the deployment drop out of the index on the next request; a new replica
 (or a restarted engine: another epoch) starts empty. Requests with an explicit routing key,
@@ -32,6 +36,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 from cluster.messages import GenerateRequest
 from cluster.ray_internals import ask_for_backoff
 from cluster.routing.kv_index import DEFAULT_MAX_BLOCKS, DEFAULT_PREDICTED_TTL_S, KvIndex
+from cluster.routing.lora_policy import DEFAULT_HOLD_S, AdapterRouting
 from cluster.routing.router import (
     PrefixAffinityRouter,
     RouterOptions,
@@ -60,6 +65,9 @@ class KvRouterOptions:
     kv_cache_usage_limit: float = 0.95  # at/above: a hit will likely be evicted; no credit
     max_index_blocks: int = DEFAULT_MAX_BLOCKS  # per replica
     predicted_ttl_s: float = DEFAULT_PREDICTED_TTL_S
+    # A LoRA request on a replica without its adapter: the load, and the eviction it may cause.
+    adapter_load_tokens: float = 512.0
+    adapter_hold_s: float = DEFAULT_HOLD_S  # a replica sent an adapter holds it this long
 
     @staticmethod
     def from_kwargs(kwargs: dict[str, Any]) -> KvRouterOptions:
@@ -72,14 +80,18 @@ class KvRouterOptions:
         return KvRouterOptions(**kwargs)
 
 
-def prompt_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int) -> list[int]:
+def prompt_block_hashes(
+    token_ids: Sequence[int], block_size: int, max_blocks: int, salt: int | None = None
+) -> list[int]:
     """The chained hashes of the prompt's full blocks the engine could reuse (it always
-    computes the last token), at most `max_blocks`: the engine's own hashes."""
+    computes the last token), at most `max_blocks`: the engine's own hashes (`salt`: the
+    request's LoRA adapter id, None for the base model)."""
     n = min((len(token_ids) - 1) // block_size, max_blocks)
     hashes: list[int] = []
     parent = None
     for i in range(n):
-        parent = chain_hash(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
+        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        parent = chain_hash(parent, block, salt)
         hashes.append(parent)
     return hashes
 
@@ -97,6 +109,7 @@ class KvEventsRouter(PrefixAffinityRouter):
         )
         # id(request) -> (request, its block hashes, label) until it is routed; bounded.
         self._choices: dict[int, tuple[PendingRequest, list[int], str]] = {}
+        self._adapters = AdapterRouting(self._kv_opts.adapter_hold_s)
         self.decisions = 0
         self.cpu_s = 0.0  # this router's CPU time spent choosing (thread time)
         self._metrics = _router_metrics()
@@ -126,18 +139,23 @@ class KvEventsRouter(PrefixAffinityRouter):
         replicas = live_replicas(candidate_replicas, pending_request)
         opts = self._kv_opts
         ids = request.input.prompt_token_ids
-        hashes = prompt_block_hashes(ids, opts.block_size, opts.max_prompt_blocks)
+        lora = request.input.lora
+        salt = None if lora is None else lora.lora_int_id
+        hashes = prompt_block_hashes(ids, opts.block_size, opts.max_prompt_blocks, salt)
         now = time.monotonic()
+        holders = set() if salt is None else self._adapters.holders(replicas, salt, now)
         held = {
             r.replica_id.unique_id: self.index.overlap(r.replica_id.unique_id, hashes, now)
             for r in replicas
         }
         most = max(held.values())
-        home = self._home(ids, replicas)
+        home = self._home(ids, replicas, salt)
         scored = []
         for r in random.sample(replicas, len(replicas)):  # ties: no favourite
             rid = r.replica_id.unique_id
             cost = self.cost(r, len(ids), held[rid])
+            if salt is not None and rid not in holders:
+                cost += opts.adapter_load_tokens
             if r is home and held[rid] == most:
                 cost -= opts.home_tokens
             scored.append((cost, -held[rid], r))
@@ -153,10 +171,15 @@ class KvEventsRouter(PrefixAffinityRouter):
         self.decisions += 1
         self.cpu_s += time.thread_time() - started
         ranked = [t[2] for t in scored]
+        if salt is not None:
+            self._adapters.chosen(pending_request, salt, holders)
         return [[ranked[0]], ranked[1:3]] if len(ranked) > 1 else [ranked]
 
-    def _home(self, ids: Sequence[int], replicas: list[RunningReplica]) -> RunningReplica | None:
-        key = prefix_routing_key(ids, self._kv_opts.block_size, self._kv_opts.home_key_blocks)
+    def _home(
+        self, ids: Sequence[int], replicas: list[RunningReplica], salt: int | None
+    ) -> RunningReplica | None:
+        opts = self._kv_opts
+        key = prefix_routing_key(ids, opts.block_size, opts.home_key_blocks, salt)
         if key is None:
             return None
         by_id = {r.replica_id.unique_id: r for r in replicas}
@@ -179,8 +202,12 @@ class KvEventsRouter(PrefixAffinityRouter):
             super().on_request_routed(pending_request, replica_id, result)
             return
         _, hashes, label = choice
-        self.index.predict(replica_id.unique_id, hashes, time.monotonic())
+        now = time.monotonic()
+        self.index.predict(replica_id.unique_id, hashes, now)
         self._metrics.routing(label)
+        adapter = self._adapters.routed(pending_request, replica_id.unique_id, now)
+        if adapter is not None:
+            self._metrics.lora_routing(adapter[1])
 
 
 def _router_metrics() -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 
 from cluster.errors import MIGRATION_CAUSES
 from cluster.ray_internals import record_zero
+from cluster.routing.lora_policy import LORA_DECISIONS
 
 # Failure to the next token of a migrated request: a re-prefill on a warm replica takes
 # milliseconds; waiting for a replacement replica (none left alive) takes tens of seconds.
@@ -49,6 +50,12 @@ class RouterMetrics:
             "Routing decisions: affinity (prefix-preferred replica), load, fallback.",
             tag_keys=("decision",),
         )
+        self._lora_routing = Counter(
+            "kvray_router_lora_routing_total",
+            "Routing of LoRA requests: held (to a replica holding the adapter), cold (no "
+            "replica held it), spread (its holders were saturated).",
+            tag_keys=("decision",),
+        )
         self._rejected = Counter(
             "kvray_router_rejected_total",
             "Requests rejected before reaching an engine, by reason.",
@@ -75,6 +82,8 @@ class RouterMetrics:
             record_zero(self._migrations, {"cause": cause})
         for decision in ROUTING_DECISIONS:
             record_zero(self._routing, {"decision": decision})
+        for decision in LORA_DECISIONS:
+            record_zero(self._lora_routing, {"decision": decision})
         for reason in REJECT_REASONS:
             record_zero(self._rejected, {"reason": reason})
         for protocol, codes in ALERTING_CODES.items():
@@ -93,6 +102,9 @@ class RouterMetrics:
 
     def routing(self, decision: str) -> None:
         self._routing.inc(tags={"decision": decision})
+
+    def lora_routing(self, decision: str) -> None:
+        self._lora_routing.inc(tags={"decision": decision})
 
     def rejected(self, reason: str) -> None:
         self._rejected.inc(tags={"reason": reason})

@@ -22,6 +22,10 @@ ServeConfig via cluster/app.py). Serve internals the router needs are in ray_int
 
 Replicas whose routing stats say `engine_alive: False` are left out while any other is alive.
 
+A request under a LoRA adapter (`EngineInput.lora`) goes first where its adapter is loaded,
+then by prefix (its key salted with the adapter's id), then by load; when the adapter's
+holders are saturated it spreads to others, which then load it (cluster/routing/lora_policy.py).
+
 `--request-router kv_events` (cluster/routing/kv_router.py) routes on what the engines report
 holding instead of this guess; it keeps this rule as its tie-break ("home" replica) and for
 calls with an explicit routing key.
@@ -29,10 +33,9 @@ calls with an explicit routing key.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
-from array import array
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -41,6 +44,10 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from cluster.messages import GenerateRequest
 from cluster.ray_internals import FulfillOwnRequest, ask_for_backoff
+from cluster.routing.lora_policy import DEFAULT_HOLD_S, AdapterRouting, rank_for_adapter
+from cluster.routing.router_keys import prefix_routing_key, rendezvous_rank
+
+__all__ = ["PrefixAffinityRouter", "RouterOptions", "prefix_routing_key", "rendezvous_rank"]
 
 logger = logging.getLogger("ray.serve.kvray.router")
 
@@ -56,6 +63,7 @@ class RouterOptions:
     max_blocks: int = 4  # key = hash of the first min(full blocks, max_blocks) blocks
     imbalance_threshold: int = 4  # in-flight(preferred) - in-flight(least loaded) from: fallback
     kv_cache_usage_limit: float = 0.95  # preferred replica's KV usage at/above: fallback
+    adapter_hold_s: float = DEFAULT_HOLD_S  # a replica sent an adapter holds it this long
 
     @staticmethod
     def from_kwargs(kwargs: dict[str, Any]) -> RouterOptions:
@@ -71,38 +79,27 @@ class RouterOptions:
         return RouterOptions(**kwargs)
 
 
-def prefix_routing_key(token_ids: Sequence[int], block_size: int, max_blocks: int) -> str | None:
-    """Hash of the first full KV blocks (at most `max_blocks`); None without a full block."""
-    full = min(len(token_ids) // block_size, max_blocks)
-    if full == 0:
-        return None
-    data = array("q", token_ids[: full * block_size]).tobytes()
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
-
-
 def request_routing_key(request: Any, opts: RouterOptions) -> str | None:
     """The routing key of a handle call's first argument (None: route by load only).
 
     A GenerateRequest (LLMServer.generate): its explicit key, else the hash of its prompt's
-    first full blocks. A dict (`replica_stats({"routing_key": K})`): its explicit key.
+    first full blocks (salted with its LoRA adapter's id, as the engine's block hashes are).
+    A dict (`replica_stats({"routing_key": K})`): its explicit key.
     """
     if isinstance(request, GenerateRequest):
         if request.routing_key:
             return request.routing_key
-        return prefix_routing_key(request.input.prompt_token_ids, opts.block_size, opts.max_blocks)
+        lora = request.input.lora
+        return prefix_routing_key(
+            request.input.prompt_token_ids,
+            opts.block_size,
+            opts.max_blocks,
+            salt=None if lora is None else lora.lora_int_id,
+        )
     if isinstance(request, dict):
         explicit = request.get("routing_key")
         return explicit if isinstance(explicit, str) and explicit else None
     return None
-
-
-def rendezvous_rank(key: str, replica_ids: Sequence[str]) -> list[str]:
-    """Replica ids ordered by highest random weight for `key` (first = preferred)."""
-
-    def weight(rid: str) -> bytes:
-        return hashlib.blake2b(f"{key}|{rid}".encode(), digest_size=8).digest()
-
-    return sorted(replica_ids, key=weight, reverse=True)
 
 
 def live_replicas(
@@ -141,6 +138,7 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         # Serve calls this right after constructing the router, before any routing.
         self._opts = RouterOptions.from_kwargs(kwargs)
         self._metrics = _router_metrics()
+        self._adapters = AdapterRouting(self._opts.adapter_hold_s)
 
     async def choose_replicas(
         self,
@@ -155,6 +153,9 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         candidate_replicas = live_replicas(candidate_replicas, pending_request)
         # Shuffled first so that equally loaded replicas share the work (sort is stable).
         by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
+        request = pending_request.args[0] if pending_request and pending_request.args else None
+        if isinstance(request, GenerateRequest) and request.input.lora is not None:
+            return self._choose_for_adapter(by_load, request, pending_request)
         preferred = self._preferred(candidate_replicas, pending_request)
         if preferred is None:
             # Ray Serve picks the least loaded within a rank (probing if its cache is cold).
@@ -167,6 +168,11 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
+        adapter = self._adapters.routed(pending_request, replica_id.unique_id, time.monotonic())
+        if adapter is not None:
+            self._metrics.routing(adapter[0])
+            self._metrics.lora_routing(adapter[1])
+            return
         self._metrics.routing(self.routing_decision(pending_request, replica_id))
 
     def routing_decision(self, pending_request: PendingRequest, replica_id: ReplicaID) -> str:
@@ -179,6 +185,31 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         return "affinity" if preferred.replica_id == replica_id else "fallback"
 
     # -- internals -----------------------------------------------------------------------
+
+    def _choose_for_adapter(
+        self,
+        by_load: list[RunningReplica],
+        request: GenerateRequest,
+        pending_request: PendingRequest | None,
+    ) -> list[list[RunningReplica]]:
+        """A LoRA request: its adapter's holders, then prefix, then load (lora_policy.py)."""
+        lora_id = request.input.lora.lora_int_id  # type: ignore[union-attr]
+        key = request_routing_key(request, self._opts)
+        now = time.monotonic()
+        adapters = self._adapters
+        holders = adapters.holders(by_load, lora_id, now)
+        ranked, _ = rank_for_adapter(
+            by_load,
+            lora_id,
+            key,
+            holders,
+            lambda r: self._saturated(r, by_load[0]),
+            lambda r: adapters.free_slots(r, now),
+        )
+        if pending_request is not None:
+            first = ranked[0].replica_id.unique_id
+            self._adapters.chosen(pending_request, lora_id, holders, first, key is not None)
+        return [[ranked[0]], ranked[1:3]] if len(ranked) > 1 else [ranked]
 
     def _preferred(
         self, replicas: Sequence[RunningReplica], pending_request: PendingRequest | None

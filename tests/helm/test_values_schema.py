@@ -32,6 +32,8 @@ def _error(render, values) -> str:
         ({"serve": {"otlpEndpoint": "otel-collector:4318"}}, ["/serve/otlpEndpoint"]),
         ({"worker": {"resources": {"limits": {"cpu": "lots"}}}}, ["/worker/resources/limits/cpu"]),
         ({"head": {"labels": {"app.kubernetes.io/name": "x"}}}, ["/head/labels/app.kubernetes.io"]),
+        ({"lora": {"maxLoras": 0}}, ["/lora/maxLoras", "minimum"]),
+        ({"lora": {"modules": [{"name": "sql"}]}}, ["/lora/modules/0", "path"]),
     ],
     ids=lambda v: str(v) if isinstance(v, dict) else "",
 )

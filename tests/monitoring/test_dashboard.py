@@ -128,6 +128,7 @@ def test_dashboard_covers_the_capacity_topics() -> None:
         "Errors and rejections",
         "Capacity and headroom",
         "Tenants",
+        "LoRA adapters",
     }
 
 

@@ -35,6 +35,23 @@ the application's own defaults apply.
 {{- if not (kindIs "invalid" $e.maxModelLen) }}{{ $_ := set $args "max_model_len" (int64 $e.maxModelLen) }}{{ end }}
 {{- if not (kindIs "invalid" $e.kvCacheMemoryBytes) }}{{ $_ := set $args "kv_cache_memory_bytes" (int64 $e.kvCacheMemoryBytes) }}{{ end }}
 {{- if not (kindIs "invalid" $e.maxNumBatchedTokens) }}{{ $_ := set $args "max_num_batched_tokens" (int64 $e.maxNumBatchedTokens) }}{{ end }}
+{{- if $e.enableExpertParallel }}{{ $_ := set $args "enable_expert_parallel" true }}{{ end }}
+{{- /* LoRA adapters (docs/lora.md): their directories are read in the pods. */}}
+{{- $l := .Values.lora }}
+{{- if or $l.enabled $l.modules $l.runtimeLoading }}
+{{- $modules := list }}
+{{- range $l.modules }}
+{{- $m := dict "name" .name "path" .path }}
+{{- with .baseModelName }}{{ $_ := set $m "base_model_name" . }}{{ end }}
+{{- $modules = append $modules $m }}
+{{- end }}
+{{- with $modules }}{{ $_ := set $args "lora_modules" . }}{{ end }}
+{{- $_ := set $args "enable_lora" true }}
+{{- $_ := set $args "enable_runtime_lora" (eq $l.runtimeLoading true) }}
+{{- $_ := set $args "max_loras" (int64 $l.maxLoras) }}
+{{- $_ := set $args "max_lora_rank" (int64 $l.maxLoraRank) }}
+{{- if not (kindIs "invalid" $l.maxCpuLoras) }}{{ $_ := set $args "max_cpu_loras" (int64 $l.maxCpuLoras) }}{{ end }}
+{{- end }}
 {{- /* The API-keys file: the ingresses read it where they run (the Secret's mount). */}}
 {{- with include "kvray.apiKeysFile" . }}{{ $_ := set $args "api_keys_file" . }}{{ end }}
 {{- /* gRPC over TLS: the gRPC ingress reads these files on the head (the Secret's mount). */}}

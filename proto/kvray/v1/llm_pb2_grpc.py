@@ -65,6 +65,16 @@ class LLMServiceStub:
                 request_serializer=kvray_dot_v1_dot_llm__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=kvray_dot_v1_dot_llm__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/kvray.v1.LLMService/LoadLoraAdapter',
+                request_serializer=kvray_dot_v1_dot_llm__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=kvray_dot_v1_dot_llm__pb2.LoadLoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/kvray.v1.LLMService/UnloadLoraAdapter',
+                request_serializer=kvray_dot_v1_dot_llm__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=kvray_dot_v1_dot_llm__pb2.UnloadLoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class LLMServiceServicer:
@@ -99,7 +109,8 @@ class LLMServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """ListModels returns the models this server serves.
+        """ListModels returns the models this server serves: the base model, then its LoRA
+        adapters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +119,23 @@ class LLMServiceServicer:
     def Embed(self, request, context):
         """Embed returns one vector per input: the model's final hidden states of the input's
         tokens, pooled (as the HTTP API's POST /v1/embeddings).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadLoraAdapter(self, request, context):
+        """LoadLoraAdapter reads a LoRA adapter and serves it under a name from then on, on every
+        ingress of the server (as HTTP POST /v1/load_lora_adapter). Only on a server started
+        with --enable-runtime-lora (else UNIMPLEMENTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """UnloadLoraAdapter stops serving a LoRA adapter to new requests; running ones finish
+        under it (as HTTP POST /v1/unload_lora_adapter). Same switch as LoadLoraAdapter.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,6 +168,16 @@ def add_LLMServiceServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=kvray_dot_v1_dot_llm__pb2.EmbedRequest.FromString,
                     response_serializer=kvray_dot_v1_dot_llm__pb2.EmbedResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=kvray_dot_v1_dot_llm__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=kvray_dot_v1_dot_llm__pb2.LoadLoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=kvray_dot_v1_dot_llm__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=kvray_dot_v1_dot_llm__pb2.UnloadLoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -283,6 +321,60 @@ class LLMService:
             '/kvray.v1.LLMService/Embed',
             kvray_dot_v1_dot_llm__pb2.EmbedRequest.SerializeToString,
             kvray_dot_v1_dot_llm__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvray.v1.LLMService/LoadLoraAdapter',
+            kvray_dot_v1_dot_llm__pb2.LoadLoraAdapterRequest.SerializeToString,
+            kvray_dot_v1_dot_llm__pb2.LoadLoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvray.v1.LLMService/UnloadLoraAdapter',
+            kvray_dot_v1_dot_llm__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            kvray_dot_v1_dot_llm__pb2.UnloadLoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

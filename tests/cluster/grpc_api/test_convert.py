@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -16,6 +18,7 @@ from cluster.grpc_api import convert as conv
 from cluster.grpc_api.client import build_embed_request, build_generate_request
 from cluster.grpc_api.servicer import status_for
 from cluster.http.protocol import ChatCompletionRequest, CompletionRequest
+from cluster.ingress.lora_catalog import LoraCatalog
 from kvray.v1 import llm_pb2
 from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 from workers.pooling import Pooling
@@ -119,10 +122,13 @@ def test_bad_sampling_values_name_the_field() -> None:
 
 
 def test_unknown_model_is_not_found() -> None:
-    conv.check_model("", "kvray-demo")
-    conv.check_model("kvray-demo", "kvray-demo")
-    with pytest.raises(ModelNotFoundError):
-        conv.check_model("gpt-9", "kvray-demo")
+    # The one resolution both ingresses use (cluster/ingress/lora_catalog.py).
+    catalog = LoraCatalog("kvray-demo")
+    for model in ("", "kvray-demo"):
+        assert asyncio.run(catalog.target(model)).lora is None
+    with pytest.raises(ModelNotFoundError) as err:
+        asyncio.run(catalog.target("gpt-9"))
+    assert status_for(err.value)[0] is grpc.StatusCode.NOT_FOUND
 
 
 def test_field_paths() -> None:

@@ -74,7 +74,15 @@ def test_service_shape() -> None:
     assert fd.package == "kvray.v1"
     service = fd.services_by_name["LLMService"]
     methods = {m.name: m for m in service.methods}
-    assert set(methods) == {"Generate", "GenerateStream", "Tokenize", "ListModels", "Embed"}
+    assert set(methods) == {
+        "Generate",
+        "GenerateStream",
+        "Tokenize",
+        "ListModels",
+        "Embed",
+        "LoadLoraAdapter",
+        "UnloadLoraAdapter",
+    }
     assert not methods["Embed"].server_streaming
     assert not methods["Generate"].server_streaming
     assert methods["GenerateStream"].server_streaming

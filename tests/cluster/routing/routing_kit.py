@@ -10,7 +10,7 @@ use such a stand-in too).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID
@@ -19,6 +19,7 @@ from cluster import ray_internals
 from cluster.messages import GenerateRequest
 from cluster.routing.router import PrefixAffinityRouter
 from workers.inputs import InputChecker
+from workers.lora.request import LoRARequest
 from workers.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
@@ -54,11 +55,17 @@ def router(**kwargs: Any) -> PrefixAffinityRouter:
 
 
 def generate_request(
-    prompt_token_ids: list[int], routing_key: str | None = None, request_id: str = "req"
+    prompt_token_ids: list[int],
+    routing_key: str | None = None,
+    request_id: str = "req",
+    lora: int | None = None,
 ) -> GenerateRequest:
+    """A checked request; `lora`: the id of the LoRA adapter it runs under (None: base)."""
     inp = InputChecker(vocab_size=4096, max_model_len=1024).check(
         prompt_token_ids, SamplingParams(max_tokens=2)
     )
+    if lora is not None:
+        inp = replace(inp, lora=LoRARequest(f"adapter-{lora}", lora, f"/adapters/{lora}"))
     return GenerateRequest(request_id=request_id, input=inp, routing_key=routing_key)
 
 

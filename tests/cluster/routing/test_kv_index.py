@@ -222,3 +222,46 @@ def test_kv_events_router_is_wired_from_the_config() -> None:
     # Engines record KV events only for the router that reads them.
     assert config.engine_kwargs("m")["kv_events"] is True
     assert ServeConfig(device="cpu").engine_kwargs("m")["kv_events"] is False
+
+
+def test_router_hashes_adapter_prompts_as_the_engine_does() -> None:
+    from workers.lora.request import LoRARequest
+
+    toks = list(range(3, 3 + 3 * BLOCK_SIZE + 5))
+    by_salt = {}
+    for lora in (None, 5, 6):
+        bm = BlockManager(16, BLOCK_SIZE, kv_events=True)
+        adapter = None if lora is None else LoRARequest(f"a{lora}", lora, "/a")
+        seq = Seq("a", "a", 0, toks, SamplingParams(max_tokens=1), lora=adapter)
+        assert bm.allocate(seq, len(toks))
+        seq.num_computed_tokens = len(toks)
+        bm.commit_full_blocks(seq)
+        (stored,) = bm.pop_kv_events()
+        assert list(stored.block_hashes) == prompt_block_hashes(toks, BLOCK_SIZE, 256, lora)
+        by_salt[lora] = stored.block_hashes
+    # Under each adapter (and the base model) the same tokens are other blocks.
+    assert len({h for hashes in by_salt.values() for h in hashes}) == 3 * 3
+
+
+def test_an_adapter_request_prefers_its_holder_and_no_other_adapters_prefix() -> None:
+    async def go() -> None:
+        r = _router()
+        reps = replicas(2)
+        prompt = list(range(100, 100 + 8 * BLOCK_SIZE + 3))
+        # r0 holds the prompt's blocks as computed under adapter 1; r1 holds adapter 2.
+        reps[0].routing_stats = {"kv": _kv(prompt_block_hashes(prompt, BLOCK_SIZE, 256, 1))}
+        reps[1].routing_stats = {"kv": _kv([7]), "lora_adapters": (2,)}
+        for _ in range(5):
+            ranks = await r.choose_replicas(reps, pending(generate_request(prompt, lora=2)))  # type: ignore[arg-type]
+            assert ranks[0][0].name == "r1"  # adapter 1's blocks are worth nothing to 2
+        # Under adapter 1 r0's blocks count (and the load it would cost elsewhere).
+        reps[0].routing_stats["lora_adapters"] = (1,)
+        ranks = await r.choose_replicas(reps, pending(generate_request(prompt, lora=1)))  # type: ignore[arg-type]
+        assert ranks[0][0].name == "r0"
+        # The holder of 2 is far busier than r0 (more than the adapter load's worth, 4
+        # requests, plus the home credit, 2): load outweighs the load of the adapter.
+        r.replica_queue_len_cache.update(reps[1].replica_id, 7)
+        ranks = await r.choose_replicas(reps, pending(generate_request(prompt, lora=2)))  # type: ignore[arg-type]
+        assert ranks[0][0].name == "r0"
+
+    asyncio.run(go())

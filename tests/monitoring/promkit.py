@@ -54,6 +54,8 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_lora_loads_total": "counter",
     "kvray_lora_evictions_total": "counter",
     "kvray_lora_load_seconds_total": "counter",
+    "kvray_moe_expert_tokens_total": "counter",
+    "kvray_moe_expert_load_imbalance_ratio": "gauge",
     "kvray_router_requests_total": "counter",
     "kvray_router_requests_by_kind_total": "counter",
     "kvray_router_routing_total": "counter",
@@ -76,7 +78,12 @@ INGRESS_METRICS = {
 ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if n not in INGRESS_METRICS}
 # Histograms that exist only once their event happened (Ray exports no empty histogram):
 # a live scrape without a replica failure lacks them.
-EVENT_METRICS = {"kvray_migration_resume_seconds"}
+# So do the mixture-of-experts metrics on a dense model (the live stack serves the demo).
+EVENT_METRICS = {
+    "kvray_migration_resume_seconds",
+    "kvray_moe_expert_tokens_total",
+    "kvray_moe_expert_load_imbalance_ratio",
+}
 
 T = TypeVar("T")
 

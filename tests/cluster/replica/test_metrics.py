@@ -334,6 +334,7 @@ def feed_one_of_everything(host: Host) -> None:
             grammar_compiles=1,
             grammar_compile_seconds=0.002,
             recent_grammar_compile_seconds=(0.002,),
+            moe_expert_tokens=((2, 0), (1, 1)),
         ),
     )
     host.call("engine", "observe_finished", finished(3, [2], ["stop"], 1.0, 0.01, [0.01]))

@@ -198,3 +198,15 @@ def test_bad_requests_are_refused_before_anything_runs(families, tmp_path: Path)
     # The engine still serves.
     prompts, names = _mixed([4], [None, "a1"], seed=6)
     family.check(prompts, names, _generate(llm, family, prompts, names))
+
+
+def test_the_per_adapter_path_matches_too(families, monkeypatch) -> None:
+    """Every projection of every step with several adapters computed per adapter (the path
+    large steps take), instead of masked (the one these tiny models' steps take)."""
+    from workers.lora import layers
+
+    monkeypatch.setattr(layers, "SEGMENT_FIXED_MACS", {"cpu": 0.0, "cuda": 0.0})
+    monkeypatch.setattr(layers, "SEGMENT_GATHER_MACS", {"cpu": 0.0, "cuda": 0.0})
+    family = families["qwen3"]
+    prompts, names = _mixed([2, 19, 40], [None, "a1", "a2", "a3"], seed=8)
+    family.check(prompts, names, _generate(_llm(family), family, prompts, names))

@@ -1,5 +1,5 @@
 """`kvray` command line: serve | generate | run-batch | bench throughput | bench serve |
-bench kernels | config.
+bench kernels | bench step | config.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
 this file only wires them together, and imports them lazily so `kvray --help` is instant.
@@ -31,6 +31,7 @@ _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "cluster.bench.kernels",
         "the CPU kernels against torch's ops, per step size",
     ),
+    (("bench", "step"), "cluster.bench.step", "one engine step: time, ops, memory-bandwidth share"),
 ]
 
 
@@ -47,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         subs = top
         if len(path) == 2:
             if path[0] not in groups:
-                group = top.add_parser(path[0], help="benchmarks (throughput | serve | kernels)")
+                group = top.add_parser(
+                    path[0], help="benchmarks (throughput | serve | kernels | step)"
+                )
                 groups[path[0]] = group.add_subparsers(
                     dest="subcommand", metavar="SUBCOMMAND", required=True
                 )

@@ -334,14 +334,13 @@ def feed_one_of_everything(host: Host) -> None:
             grammar_compiles=1,
             grammar_compile_seconds=0.002,
             recent_grammar_compile_seconds=(0.002,),
-            moe_expert_tokens=((2, 0), (1, 1)),
+            moe_expert_tokens=((2, 0), (1, 1)),  # a mixture-of-experts model's
         ),
     )
     host.call("engine", "observe_finished", finished(3, [2], ["stop"], 1.0, 0.01, [0.01]))
     host.call("engine", "observe_step_tokens", [3, 1])
-    host.call("router", "request", "http", "200")
-    host.call("router", "routing", "load")
-    host.call("router", "rejected", "queue_full")
+    for call in (("request", "http", "200"), ("routing", "load"), ("rejected", "queue_full")):
+        host.call("router", *call)
     host.call("tenants", "queue_time", "acme", 0.01)  # a histogram exists once observed
 
 

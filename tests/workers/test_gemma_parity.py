@@ -186,3 +186,16 @@ def test_a_wrong_rope_layer_type_or_scale_fails_parity(edit: str, models, tmp_pa
     refs = [hf_greedy(_hf(path), p, MAX_TOKENS) for p in prompts]
     same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, refs, strict=True))
     assert same <= len(prompts) // 2, f"{edit}: {same} of {len(prompts)} still match"
+
+
+def test_the_triton_backends_fused_layers_match_transformers(models) -> None:
+    """Gemma's four norms, scaled q and GeGLU through the triton backend's fused layers (CPU:
+    Triton's interpreter, tests/conftest.py)."""
+    pytest.importorskip("triton")
+    path = models["new-gqa"]
+    llm = LLM(
+        str(path), kv_cache_memory_bytes=16 << 20, attention_backend="triton", cpu_kernels=False
+    )
+    assert llm.engine.executor.worker.model.triton_layers is not None
+    prompts = _prompts([1, 5, 17, 40])
+    _assert_matches(path, prompts, llm.generate(prompts, GREEDY, use_tqdm=False))

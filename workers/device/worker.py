@@ -99,6 +99,13 @@ class Worker:
         if self.attention_backend.name == "triton":
             self.triton_block_q = _triton_block_q(self.model)
             self.cpu_kernel = None
+            # The eager modules' norms, rotary, activations and residual adds on Triton too
+            # (workers/device/layers/triton_layers.py); the compiled pieces and the CPU
+            # kernels (CPU only, under the interpreter) keep theirs.
+            if self.forward.compiled is None and not self.forward.strategy.kernels.on:
+                from workers.device.layers.triton_layers import use_triton_layers
+
+                use_triton_layers(self.model)
         # Start-up seconds the compiled forward cost; None: it runs eagerly.
         self.compile_s = None if self.forward.compiled is None else self.forward.compiled.compile_s
 

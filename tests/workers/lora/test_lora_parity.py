@@ -210,3 +210,14 @@ def test_the_per_adapter_path_matches_too(families, monkeypatch) -> None:
     family = families["qwen3"]
     prompts, names = _mixed([2, 19, 40], [None, "a1", "a2", "a3"], seed=8)
     family.check(prompts, names, _generate(_llm(family), family, prompts, names))
+
+
+def test_the_triton_backend_adds_the_deltas_too(families) -> None:
+    """The triton backend's fused layers (CPU: Triton's interpreter, tests/conftest.py) with
+    adapters: the projections' deltas go in before the fused norms and activations."""
+    pytest.importorskip("triton")
+    family = families["qwen3"]
+    llm = _llm(family, attention_backend="triton", cpu_kernels=False)
+    assert llm.engine.executor.worker.model.triton_layers is not None
+    prompts, names = _mixed([3, 20], [None, "a1", "a3"], seed=9)
+    family.check(prompts, names, _generate(llm, family, prompts, names))

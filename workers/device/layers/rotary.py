@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -42,14 +43,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
         self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
         self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
+        self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KH, D], positions: [T]. The CPU kernel rotates q and k in
-        place (they are fresh per step: the norms' outputs or views of the qkv projection)."""
+        place (they are fresh per step: the norms' outputs or views of the qkv projection), and
+        so do the triton backend's kernels (one launch)."""
         if self.cpu_kernels is not None:
             return rotary_cpu(self.cpu_kernels, positions, q, k, self.cos, self.sin)
+        if self.triton_layers is not None:
+            return self.triton_layers.rotary_(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _apply(q, cos, sin), _apply(k, cos, sin)

@@ -22,6 +22,8 @@ kernel's x * w), rotary, attention and linears through the modules; the direct l
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -58,8 +60,11 @@ class GeGluMLP(nn.Module):
             c.hidden_size, [self.inter, self.inter], False, tp, dtype
         )
         self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
+        self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.triton_layers is not None:
+            return self.down_proj(self.triton_layers.act_and_mul(self.gate_up_proj(x), gelu=True))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
@@ -90,6 +95,17 @@ class Gemma3DecoderLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn.out(o))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
+    def fused_forward(self, positions, x, delta, kv_cache, meta) -> torch.Tensor:  # noqa: ANN001
+        """Llama's `fused_forward` (the triton backend) over Gemma's four norms: the normed
+        outputs written over the tensors they norm, the residual adds folded into the norms
+        that follow them."""
+        attn = self.self_attn
+        h = self.input_layernorm.fused(x, delta, out=delta)
+        o = attn.out(attn.attn(*attn.qkv(positions, h), kv_cache, meta))
+        o = self.post_attention_layernorm.fused(o, out=o)
+        m = self.mlp(self.pre_feedforward_layernorm.fused(x, o, out=o))
+        return self.post_feedforward_layernorm.fused(m, out=m)
+
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """Llama's `forward`, `hidden_states` and `logits` over Gemma 3's modules: every difference
@@ -112,6 +128,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             for i in range(c.num_layers)
         )
         self.norm = GemmaRMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
         self.lm_head = ParallelLMHead(
             self.embed_tokens if c.tie_word_embeddings else None,
             c.vocab_size,

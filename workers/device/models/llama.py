@@ -4,6 +4,8 @@ workers/device/layers/moe.py)."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -45,6 +47,7 @@ class Attention(nn.Module):
         self.attn = PagedAttention(
             self.num_heads, self.num_kv_heads, c.head_dim, scale=scale or c.head_dim**-0.5
         )
+        self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
 
     def forward(self, positions, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv(positions, x)
@@ -53,6 +56,14 @@ class Attention(nn.Module):
     def qkv(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What comes before the paged attention: projections, q/k norm, rotary."""
         qkv = self.qkv_proj(x)
+        if self.triton_layers is not None:
+            # Two views instead of four, q/k normalised in place (one launch each).
+            heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads]
+            q, k, v = qkv.view(qkv.shape[0], sum(heads), self.head_dim).split(heads, dim=1)
+            if self.q_norm is not None:
+                q, k = self.q_norm.fused(q, out=q), self.k_norm.fused(k, out=k)
+            q, k = self.rotary(positions, q, k)
+            return q, k, v
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -75,11 +86,14 @@ class MLP(nn.Module):
         )
         self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
         self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
+        self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.cpu_kernels is not None:
             return self.down_proj(silu_and_mul_cpu(self.cpu_kernels, gate_up))
+        if self.triton_layers is not None:
+            return self.down_proj(self.triton_layers.act_and_mul(gate_up))
         gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -111,6 +125,22 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn.out(o)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def fused_forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The triton backend's layer (`LlamaForCausalLM.hidden_states`): the residual adds
+        folded into the norms that follow them, x updated in place. Adds `delta` (the previous
+        layer's output; None for the first) to x and returns this layer's, for the next norm."""
+        attn = self.self_attn
+        h = self.input_layernorm.fused(x, delta, out=delta)
+        o = attn.out(attn.attn(*attn.qkv(positions, h), kv_cache, meta))
+        return self.mlp(self.post_attention_layernorm.fused(x, o, out=o))
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype, max_pos: int):
@@ -132,6 +162,7 @@ class LlamaForCausalLM(nn.Module):
             tp,
             dtype,
         )
+        self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
 
     def forward(
         self,
@@ -160,6 +191,12 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """The eager path: [T, hidden] after the last layer, before the final norm."""
         x = self.embed_tokens(input_ids)
+        if self.triton_layers is not None:
+            # Each layer's last residual add happens in the next layer's first norm.
+            delta = None
+            for layer, cache in zip(self.layers, kv_caches, strict=True):
+                delta = layer.fused_forward(positions, x, delta, cache, meta)
+            return x.add_(delta)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(positions, x, cache, meta)
         return x

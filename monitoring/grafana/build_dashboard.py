@@ -7,9 +7,10 @@ builders generated from Grafana's schema, so a misspelt option or a value of the
 fails here, not silently in Grafana.
 
 What the panels show is in dashboard_traffic_rows.py, dashboard_replica_rows.py,
-dashboard_tenant_rows.py and dashboard_lora_rows.py, built from dashboard_panels.py (plain
-data, so sibling panels share their PromQL); this module turns them into SDK panels, adds the
-variables, lays the rows out on Grafana's grid and writes the JSON. Metric names are the ones
+dashboard_tenant_rows.py, dashboard_lora_rows.py and dashboard_moe_rows.py, built from
+dashboard_panels.py (plain data, so sibling panels share their PromQL); this module turns
+them into SDK panels, adds the variables, lays the rows out on Grafana's grid and writes the
+JSON. Metric names are the ones
 Ray's metrics exporter produces (monitoring/README.md's, with `ray_`).
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 # Siblings in this directory: on sys.path when run as a script (tests add it when importing).
 from dashboard_lora_rows import LORA_ROWS
+from dashboard_moe_rows import MOE_ROWS
 from dashboard_panels import DS, Panel, Row
 from dashboard_replica_rows import REPLICA_ROWS
 from dashboard_tenant_rows import TENANT_ROWS
@@ -33,7 +35,7 @@ from grafana_foundation_sdk.models import dashboard as models
 OUTPUT = Path(__file__).with_name("kvray-dashboard.json")
 GRID_COLUMNS = 24
 
-ROWS: tuple[Row, ...] = TRAFFIC_ROWS + REPLICA_ROWS + TENANT_ROWS + LORA_ROWS
+ROWS: tuple[Row, ...] = TRAFFIC_ROWS + REPLICA_ROWS + TENANT_ROWS + LORA_ROWS + MOE_ROWS
 DATASOURCE = models.DataSourceRef(type_val=DS["type"], uid=DS["uid"])
 
 

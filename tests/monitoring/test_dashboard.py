@@ -129,6 +129,7 @@ def test_dashboard_covers_the_capacity_topics() -> None:
         "Capacity and headroom",
         "Tenants",
         "LoRA adapters",
+        "Mixture of experts",
     }
 
 

@@ -6,11 +6,13 @@ after the other gRPC modules, and they must stay last in it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import grpc
 import pytest
 
+from cluster.config import ServeConfig
 from cluster.grpc_api.client import KvrayClient
 from kvray.v1 import llm_pb2
 from tests.cluster.grpc_api.grpc_helpers import (
@@ -60,16 +62,19 @@ def test_health_and_reflection(cluster: Cluster) -> None:
 # -- lifecycle (these stop things: keep them last) ----------------------------------------------
 
 
-def _extra_ingress(cluster: Cluster, name: str, **settings: Any) -> int:
+def _extra_ingress(
+    cluster: Cluster, name: str, config: ServeConfig | None = None, **settings: Any
+) -> int:
     """Another GrpcIngress application on its own port, calling the main app's LLMServer."""
     from ray import serve
 
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
 
     port = free_port()
+    config = config or cluster.config
     llm = serve.get_deployment_handle("LLMServer", "kvray")
-    opts = GrpcSettings.from_config(cluster.config, host="127.0.0.1", port=port, **settings)
-    serve.run(bind_grpc_ingress(cluster.config, llm, opts), name=name, route_prefix=None)
+    opts = GrpcSettings.from_config(config, host="127.0.0.1", port=port, **settings)
+    serve.run(bind_grpc_ingress(config, llm, opts), name=name, route_prefix=None)
     wait_serving(port)
     return port
 
@@ -98,7 +103,9 @@ def test_draining_is_not_serving_and_finishes_in_flight_calls(cluster: Cluster) 
 def test_no_engine_replica_is_unavailable(cluster: Cluster) -> None:
     from ray import serve
 
-    port = _extra_ingress(cluster, "grpc-orphan")
+    # A request waits up to queue_timeout_s for a replica that can take it: a short one here.
+    config = dataclasses.replace(cluster.config, queue_timeout_s=3.0)
+    port = _extra_ingress(cluster, "grpc-orphan", config)
     serve.delete("kvray")  # the LLMServer deployment is gone for good
     with KvrayClient(f"127.0.0.1:{port}", API_KEY, timeout=120) as c:
         code, details = rpc_status(lambda: c.generate(PROMPTS[0], max_tokens=2))

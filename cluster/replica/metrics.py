@@ -209,11 +209,11 @@ class EngineMetrics:
 
     def _observe_info(self, stats: EngineStats) -> None:
         """`kvray_engine_info` = 1 with the engine's labels; a rebuilt engine that runs
-        otherwise moves the 1 to its new labels (the old series drops to 0)."""
+        otherwise moves the 1 to its new labels (the old series drops to 0). Set on every
+        snapshot, like the other gauges: Ray's metrics agent drops a gauge series that has
+        not been reported for two export intervals."""
         tags = {"cpu_kernels": stats.cpu_kernels or "unknown"}
-        if tags == self._info_tags:
-            return
-        if self._info_tags is not None:
+        if self._info_tags is not None and tags != self._info_tags:
             self._info.set(0, tags=self._info_tags)
         self._info.set(1, tags=tags)
         self._info_tags = tags

@@ -37,6 +37,7 @@ class MoeMetrics:
             "(1 = balanced), since the previous snapshot.",
         )
         self._last: list[list[int]] | None = None  # the previous snapshot's counts
+        self._ratio: float | None = None  # the latest imbalance, set again every snapshot
 
     def observe(self, counts: tuple[tuple[int, ...], ...]) -> None:
         if not counts:
@@ -59,4 +60,7 @@ class MoeMetrics:
                 self._tokens.inc(n, tags={"expert": str(e)})
         ratios = [max(d) * len(d) / sum(d) for d in deltas if sum(d) > 0]
         if ratios:
-            self._imbalance.set(sum(ratios) / len(ratios))
+            self._ratio = sum(ratios) / len(ratios)
+        if self._ratio is not None:
+            # Every snapshot: Ray's metrics agent drops a gauge not reported for two intervals.
+            self._imbalance.set(self._ratio)

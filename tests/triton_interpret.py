@@ -23,17 +23,20 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def interpreted_kernels() -> Iterator[ModuleType]:
+def interpreted_kernels(
+    module: str = MODULE, kernel: str = "_paged_attention_kernel"
+) -> Iterator[ModuleType]:
     """For a module-scoped fixture (`yield from interpreted_kernels()`): the kernel module
-    with its kernels interpreted, and TRITON_INTERPRET=1 while the fixture lives (a worker
-    checks it before choosing the triton backend on CPU)."""
+    `module` with its kernels interpreted (re-imported unless its `kernel` already is), and
+    TRITON_INTERPRET=1 while the fixture lives (a worker checks it before choosing the
+    triton backend on CPU)."""
     if not triton_available():
         pytest.skip("triton is not installed (pip install -e '.[dev]')")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         from triton.runtime.interpreter import InterpretedFunction
 
-        mod = sys.modules.get(MODULE) or importlib.import_module(MODULE)
-        if not isinstance(mod._paged_attention_kernel, InterpretedFunction):
+        mod = sys.modules.get(module) or importlib.import_module(module)
+        if not isinstance(getattr(mod, kernel), InterpretedFunction):
             mod = importlib.reload(mod)
         yield mod

@@ -11,9 +11,10 @@ Kept free of torch/transformers imports: this module is reachable from `kvray --
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,11 @@ class Workload:
             "output_tokens": self.output_tokens,
             **self.params,
         }
+
+
+# How `kvray bench serve` measures one run (label, backend, args, workload, round) into its
+# summary: what the paired-round workloads (serve_lora.py, serve_structured.py) are handed.
+Measure = Callable[[str, Any, argparse.Namespace, Workload, int], Awaitable[dict[str, Any]]]
 
 
 def sampleable_token_ids(model_dir: str | Path) -> list[int]:

@@ -29,13 +29,13 @@ import asyncio
 import hashlib
 import random
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cluster.bench.backend_types import Backend, RequestRecord
-from cluster.bench.common import BenchRequest, Workload
+from cluster.bench.common import BenchRequest, Measure, Workload
 from cluster.bench.serve_salt import salt_workload
 
 WORKLOAD = "lora"
@@ -178,9 +178,6 @@ class AdapterRecorder:
             }
             for name, recs in sorted(by.items(), key=lambda kv: -len(kv[1]))
         }
-
-
-Measure = Callable[[str, Any, argparse.Namespace, Workload, int], Awaitable[dict[str, Any]]]
 
 
 async def lora_rounds(

@@ -25,11 +25,11 @@ import asyncio
 import json
 import random
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.bench.backend_types import Backend, RequestRecord
-from cluster.bench.common import BenchRequest, Workload
+from cluster.bench.common import BenchRequest, Measure, Workload
 from cluster.bench.serve_salt import salt_workload
 from cluster.bench.throughput_structured import MAX_TOKENS, SCHEMAS
 
@@ -114,9 +114,6 @@ def grammar_warmup(token_ids: Sequence[int], copies: int, seed: int) -> Workload
         for text in _SCHEMA_TEXT
     )
     return Workload("json-schema-warmup", requests, {})
-
-
-Measure = Callable[[str, Any, argparse.Namespace, Workload, int], Awaitable[dict[str, Any]]]
 
 
 async def structured_rounds(

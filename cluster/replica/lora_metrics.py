@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cluster.ray_internals import record_zero
+from cluster.replica.cumulative import CumulativeCounters
 
 if TYPE_CHECKING:
     from workers.core.stats import EngineStats
@@ -90,22 +91,15 @@ class LoraMetrics:
             record_zero(c, base)
         for c in (self._loads, self._evictions, self._load_seconds):
             record_zero(c, tags)
-        self._last: dict[str, float] = {}
+        self._cumulative = CumulativeCounters()  # the lora_* counts' previous snapshot
 
     def observe_stats(self, stats: EngineStats) -> None:
         self._slots_used.set(int(stats.lora_slots_used))
         self._slots_total.set(int(stats.lora_slots_total))
-        self._advance(self._loads, "loads", stats.lora_loads)
-        self._advance(self._evictions, "evictions", stats.lora_evictions)
-        self._advance(self._load_seconds, "load_seconds", stats.lora_load_seconds)
-
-    def _advance(self, counter: Any, key: str, cumulative: float) -> None:
-        last = self._last.get(key, 0)
-        # A smaller value means the engine was rebuilt and counts from 0 again.
-        delta = cumulative - last if cumulative >= last else cumulative
-        self._last[key] = cumulative
-        if delta > 0:
-            counter.inc(delta)
+        advance = self._cumulative.advance
+        advance(self._loads, "loads", stats.lora_loads)
+        advance(self._evictions, "evictions", stats.lora_evictions)
+        advance(self._load_seconds, "load_seconds", stats.lora_load_seconds)
 
     def observe_finished(
         self, out: RequestOutput, lora: LoRARequest | None, prompt_tokens: int, gen_tokens: int

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cluster.ray_internals import record_zero
+from cluster.replica.cumulative import CumulativeCounters
 from cluster.replica.lora_metrics import LoraMetrics
 from cluster.replica.moe_metrics import MoeMetrics
 from workers.core.stats import new_compile_seconds
@@ -185,8 +186,9 @@ class EngineMetrics:
             record_zero(self._success, {**tags, "finish_reason": reason})
 
         # Cumulative engine counters seen at the previous observe_stats(); the exported
-        # counters advance by the difference.
-        self._last_cumulative: dict[str, int] = {}
+        # counters advance by the difference (cluster/replica/cumulative.py).
+        self._cumulative = CumulativeCounters()
+        self._advance = self._cumulative.advance
 
     def observe_stats(self, stats: EngineStats) -> None:
         """Publish a stats snapshot. Call it periodically, idle or not, so gauges fall to 0."""
@@ -202,10 +204,10 @@ class EngineMetrics:
         self._advance(self._prefix_hits, "prefix_cache_hits", int(stats.prefix_cache_hits))
         self._advance(self._structured, "structured_requests", int(stats.structured_requests))
         self._advance(self._grammar_hits, "grammar_cache_hits", int(stats.grammar_cache_hits))
-        seen = self._last_cumulative.get("grammar_compiles", 0)
+        seen = int(self._cumulative.last.get("grammar_compiles", 0))
         for seconds in new_compile_seconds(stats, seen):
             self._grammar_compile.observe(seconds)
-        self._last_cumulative["grammar_compiles"] = int(stats.grammar_compiles)
+        self._cumulative.last["grammar_compiles"] = int(stats.grammar_compiles)
 
     def _observe_info(self, stats: EngineStats) -> None:
         """`kvray_engine_info` = 1 with the engine's labels; a rebuilt engine that runs
@@ -217,14 +219,6 @@ class EngineMetrics:
             self._info.set(0, tags=self._info_tags)
         self._info.set(1, tags=tags)
         self._info_tags = tags
-
-    def _advance(self, counter: Any, key: str, cumulative: int) -> None:
-        last = self._last_cumulative.get(key, 0)
-        # A smaller value means the engine was rebuilt and counts from 0 again.
-        delta = cumulative - last if cumulative >= last else cumulative
-        self._last_cumulative[key] = cumulative
-        if delta > 0:
-            counter.inc(delta)
 
     def observe_finished(self, out: RequestOutput, lora: LoRARequest | None = None) -> None:
         """Account one finished request (the last RequestOutput, `finished=True`) that ran

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.ray_internals import record_zero
+from cluster.replica.cumulative import increase
 
 
 class MoeMetrics:
@@ -48,9 +49,8 @@ class MoeMetrics:
             for e in range(len(rows[0])):
                 record_zero(self._tokens, {**self._tags, "expert": str(e)})
             last = [[0] * len(rows[0]) for _ in rows]
-        # A count below the last one means the engine was rebuilt and counts from 0 again.
         deltas = [
-            [c - p if c >= p else c for c, p in zip(row, prev, strict=True)]
+            [increase(c, p) for c, p in zip(row, prev, strict=True)]
             for row, prev in zip(rows, last, strict=True)
         ]
         self._last = rows

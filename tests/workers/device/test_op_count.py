@@ -16,8 +16,6 @@ off) 64 ops for llama, 80 for qwen3 (its q/k norms); the triton backend 17 and 1
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,13 +78,10 @@ class CountedKernel:
 def kernel_modules() -> Iterator[tuple[ModuleType, ModuleType]]:
     """triton_attention and triton_layers with their kernels interpreted."""
     for attention in interpreted_kernels():  # skips without triton
-        from triton.runtime.interpreter import InterpretedFunction
-
-        name = "workers.device.layers.triton_layers"
-        layers = sys.modules.get(name) or importlib.import_module(name)
-        if not isinstance(layers._rms_norm_kernel, InterpretedFunction):
-            layers = importlib.reload(layers)
-        yield attention, layers
+        for layers in interpreted_kernels(
+            "workers.device.layers.triton_layers", "_rms_norm_kernel"
+        ):
+            yield attention, layers
 
 
 def _prompts(vocab: int) -> list[list[int]]:

@@ -6,8 +6,6 @@ their ulps."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -15,7 +13,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tests.triton_interpret import triton_available
+from tests.triton_interpret import interpreted_kernels
 from workers.config import RopeConfig
 from workers.device.layers.norm import GemmaRMSNorm, RMSNorm
 from workers.device.layers.rotary import RotaryEmbedding
@@ -30,16 +28,7 @@ DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOL]
 @pytest.fixture(scope="module")
 def tk() -> Iterator[ModuleType]:
     """The kernel module with its kernels interpreted (defined after TRITON_INTERPRET=1)."""
-    if not triton_available():
-        pytest.skip("triton is not installed (pip install -e '.[dev]')")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        from triton.runtime.interpreter import InterpretedFunction
-
-        mod = sys.modules.get(MODULE) or importlib.import_module(MODULE)
-        if not isinstance(mod._rms_norm_kernel, InterpretedFunction):
-            mod = importlib.reload(mod)
-        yield mod
+    yield from interpreted_kernels(MODULE, "_rms_norm_kernel")
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:

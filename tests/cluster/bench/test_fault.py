@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,6 +162,15 @@ def test_the_busiest_replica_has_most_running_then_most_waiting() -> None:
     assert (fault.target_pid(victim, "engine"), fault.target_pid(victim, "replica")) == (7, 8)
 
 
+def _wait_for_cmdline(pid: int, needle: str, timeout_s: float = 30.0) -> None:
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while needle not in " ".join(psutil.Process(pid).cmdline()):
+        assert time.monotonic() < deadline, f"pid {pid} never showed its command line"
+        time.sleep(0.01)
+
+
 def test_the_kill_checks_its_target_is_that_kind_of_process() -> None:
     # A stand-in engine: its command line names the engine module, as a real engine's does.
     proc = subprocess.Popen(
@@ -173,6 +183,9 @@ def test_the_kill_checks_its_target_is_that_kind_of_process() -> None:
         ]
     )
     try:
+        # Popen returns once exec has begun; the kernel fills in the new command line a moment
+        # later (until then /proc shows it empty), so wait for it as a real engine would have.
+        _wait_for_cmdline(proc.pid, "workers.frontend.engine_process")
         assert "is not a replica process" in fault.kill_process(proc.pid, "replica")
         assert not fault.pid_gone(proc.pid)
         assert fault.kill_process(proc.pid, "engine") == ""

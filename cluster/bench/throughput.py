@@ -41,7 +41,7 @@ from cluster.bench.throughput_hf import run_hf, run_hf_cb
 from cluster.bench.throughput_kvray import run_kvray
 from cluster.bench.throughput_run import Run
 from cluster.units import parse_size
-from workers.config import DEFAULT_MAX_NUM_SEQS
+from workers.config import ATTENTION_BACKENDS, DEFAULT_MAX_NUM_SEQS
 
 BACKENDS = ("kvray", "hf", "hf-cb")
 NO_PREFIX = "kvray-no-prefix-caching"
@@ -87,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="kvray: torch.compile the model forward (default: the engine's, off on CPU); "
         "with --compare, kvray also runs with the opposite setting, side by side",
+    )
+    a(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="kvray: the attention backend (default auto: the engine's choice)",
     )
     a("--result-json", default=None, metavar="FILE", help="write the results as JSON")
 

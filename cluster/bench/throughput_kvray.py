@@ -112,6 +112,8 @@ def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict
         kwargs["device"] = args.device
     if getattr(args, "compile", None) is not None:
         kwargs["compile"] = args.compile
+    if getattr(args, "attention_backend", "auto") != "auto":
+        kwargs["attention_backend"] = args.attention_backend
     return kwargs
 
 

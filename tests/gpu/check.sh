@@ -3,12 +3,18 @@
 # to OUT_DIR/<stage>.log, so that one failing stage still leaves the others' results:
 #   env     the device, torch and transformers versions;
 #   parity  TP=1 greedy parity against transformers in float32 on CUDA, eager and compiled, torch and triton attention
-#           (torch.compile pieces + CUDA graphs of decode batches, whose replays it counts);
-#   profile tests/gpu/step_profile.py: decode ms/step at batch 1-128 and a prefill step, eager
-#           against compiled, and a torch.profiler table of each;
-#   bench   `kvray bench throughput --compare --compile` in bf16 on a ~0.6B random checkpoint
-#           of Qwen3 shape: kvray compiled, kvray eager, transformers generate and
-#           generate_batch on one workload, with the bf16 matmul peak.
+#           (torch.compile pieces + CUDA graphs of decode batches on torch, whole-step decode
+#           graphs on triton, whose replays it counts); and the triton forward, eager and
+#           graphed, under torch.cuda.set_sync_debug_mode("error") (tests/gpu/test_sync_free.py);
+#   step    `kvray bench step` in bf16 on a ~0.6B random checkpoint of Qwen3 shape: decode steps
+#           at batch 1 and 64 and a 2,048-token prefill step, host and device ms, kernels per
+#           step and the bandwidth roofline -- triton eager, triton with decode graphs, and the
+#           torch backend with its piecewise graphs, one after the other;
+#   profile tests/gpu/step_profile.py (not run by default): decode ms/step at batch 1-128 and
+#           a prefill step, eager against compiled, and a torch.profiler table of each;
+#   bench   `kvray bench throughput --compare --compile --attention-backend triton` in bf16 on
+#           the same checkpoint: kvray with decode graphs, kvray eager, transformers generate
+#           and generate_batch on one workload, with the bf16 matmul peak.
 # Ray is not needed: the offline engine runs TP=1 in-process.
 # Usage: bash tests/gpu/check.sh [OUT_DIR]   (PY: a Python with a CUDA build of torch;
 #        default .venv/bin/python, else python3; KVRAY_GPU_STAGES: a subset of the stages,
@@ -23,7 +29,7 @@ fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PROMPTS=${KVRAY_GPU_PROMPTS:-64}
 MODEL=${KVRAY_GPU_MODEL:-random:qwen3-0.6b}
-STAGES=" ${KVRAY_GPU_STAGES:-env parity profile bench} "
+STAGES=" ${KVRAY_GPU_STAGES:-env parity step bench} "
 SUMMARY=()
 
 stage() {  # stage NAME LIMIT_S CMD...: runs CMD under a time limit, its output in NAME.log
@@ -46,19 +52,28 @@ torch.cuda.get_device_name(0))'"
 XDIST=()
 if $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n 8); fi
 stage parity 160 $PY -m pytest -q --noconftest -p no:cacheprovider "${XDIST[@]}" \
-    tests/gpu/test_cuda_parity.py
+    tests/gpu/test_cuda_parity.py tests/gpu/test_sync_free.py tests/workers/device/test_step_buffers.py
+
+STEP=(bench step --model "$MODEL" --dtype bfloat16 --batch-sizes 1,64 --context 512
+    --prefill-tokens 2048 --steps 20)
+stage step 150 bash -c "set -e; \
+    echo '## triton, eager'; $PY -m cluster.cli.main ${STEP[*]} --attention-backend triton --no-compile; \
+    echo '## triton, decode graphs'; $PY -m cluster.cli.main ${STEP[*]} --attention-backend triton --compile; \
+    echo '## torch, piecewise graphs'; $PY -m cluster.cli.main ${STEP[*]} --attention-backend torch --compile"
 
 stage profile 200 $PY tests/gpu/step_profile.py --model "$MODEL" --out "$OUT"
 
 stage bench 170 $PY -m cluster.cli.main bench throughput --model "$MODEL" \
-    --dtype bfloat16 --compare --compile --num-prompts "$PROMPTS" --output-len-range 16 128 \
-    --result-json "$OUT/bench.json"
+    --dtype bfloat16 --compare --compile --attention-backend triton --num-prompts "$PROMPTS" \
+    --output-len-range 16 128 --result-json "$OUT/bench.json"
 
 echo
 echo "== logs: $OUT"
 [[ -f $OUT/env.log ]] && cat "$OUT/env.log"
 echo "-- parity"
 [[ -f $OUT/parity.log ]] && grep -E "passed|failed|skipped|rror|assert" "$OUT/parity.log" | tail -n 25
+echo "-- step"
+[[ -f $OUT/step.log ]] && grep -E "^(## |case|decode|prefill|kvray bench step)|Error" "$OUT/step.log"
 echo "-- profile"
 [[ -f $OUT/profile.log ]] && grep -v "it/s\]" "$OUT/profile.log" | tail -n 16
 echo "-- bench"

@@ -32,3 +32,14 @@ def assert_greedy_match(hf_model: Any, prompt: list[int], ours: list[int], ref: 
         f"position {i}, and it is not a near-tie (top-2 gap >= 1e-4)"
     )
     return False
+
+
+def assert_outputs_match_hf(path: Any, prompts: list[list[int]], outs: list[Any], n: int) -> None:
+    """Each request's greedy tokens are transformers' (`n` new tokens), one near-tie allowed."""
+    from tests.checkpoints import hf_greedy, load_hf
+
+    hf = load_hf(path)
+    exact = 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        exact += assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, n))
+    assert exact >= len(prompts) - 1

@@ -100,7 +100,7 @@ class CompiledForward:
         with torch.inference_mode():
             # The token count is compiled as an unbacked size: one graph per piece serves
             # every count, 1 included (a backed size would specialise 1 and compile twice).
-            for n in _progress((2, 1, 7), "compiling the forward pass", progress):
+            for n in progress_bar((2, 1, 7), "compiling the forward pass", progress):
                 x = torch.zeros(n, hidden, dtype=model.embed_tokens.weight.dtype, device=device)
                 pos = torch.zeros(n, dtype=torch.long, device=device)
                 torch._dynamo.decorators.mark_unbacked(x, 0)
@@ -139,7 +139,8 @@ class DecodeGraphs:
     def capture(self, fwd: CompiledForward, model: Any, device: torch.device, progress: bool):
         pool = torch.cuda.graph_pool_handle()
         # Largest first: later (smaller) captures reuse the pool's memory.
-        for size in _progress(sorted(self.sizes, reverse=True), "capturing CUDA graphs", progress):
+        sizes = sorted(self.sizes, reverse=True)
+        for size in progress_bar(sizes, "capturing CUDA graphs", progress):
             self.sets[size] = _GraphSet(fwd, model, size, device, pool)
         torch.cuda.synchronize(device)
 
@@ -201,15 +202,9 @@ def compile_model(
     or compiling failed)."""
     if not config.enabled:
         return None
-    if tp_size > 1:
-        # The row-parallel all-reduce sits inside the post-attention piece; compiling through
-        # a gloo/NCCL call is not supported here yet.
-        log.warning("compile: tensor_parallel_size %d > 1 runs the eager forward", tp_size)
-        return None
-    if getattr(model.config, "moe", None) is not None:
-        # The MoE MLP's per-expert groups depend on the step's routing (a host sync), which
-        # the post-attention piece cannot trace as one graph.
-        log.warning("compile: a mixture-of-experts model runs the eager forward")
+    why = eager_only(model, tp_size)
+    if why is not None:
+        log.warning("compile: %s runs the eager forward", why)
         return None
     fwd = CompiledForward(config)
     try:
@@ -221,7 +216,21 @@ def compile_model(
     return fwd
 
 
-def _progress(items: Any, desc: str, enabled: bool) -> Any:
+def eager_only(model: Any, tp_size: int) -> str | None:
+    """Why neither the compiled pieces nor any CUDA graph can serve this model (it then runs
+    eagerly), or None."""
+    if tp_size > 1:
+        # The row-parallel all-reduce sits inside the post-attention piece (and a whole-step
+        # graph); compiling or capturing through a gloo/NCCL call is not supported here yet.
+        return f"tensor_parallel_size {tp_size} > 1"
+    if getattr(model.config, "moe", None) is not None:
+        # The MoE MLP's per-expert groups depend on the step's routing (a host sync), which
+        # neither a traced piece nor a graph can hold.
+        return "a mixture-of-experts model"
+    return None
+
+
+def progress_bar(items: Any, desc: str, enabled: bool) -> Any:
     if not enabled:
         return items
     from tqdm import tqdm

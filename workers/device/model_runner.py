@@ -13,7 +13,6 @@ import torch
 
 from workers.device.layers.attention import AttentionMetadata, PrefillSeq
 from workers.device.layers.cpu_kernels import tiled_kernels
-from workers.device.layers.triton_metadata import build_triton_metadata
 from workers.sampling_params import SamplingParams
 
 
@@ -73,11 +72,9 @@ def prepare_inputs(
     block_size: int,
     device: torch.device,
     cpu_kernel: object = None,
-    triton_block_q: int = 0,
 ) -> ModelInput:
     """`cpu_kernel`: the loaded CPU kernel library (workers/device/layers/cpu_kernels/), or
-    None for the torch path. `triton_block_q` > 0: the triton backend, whose metadata
-    (`meta.triton`) replaces the torch path's masks and gathered slots (cpu_kernel None)."""
+    None for the torch path. (The triton backend's inputs: workers/device/triton_inputs.py.)"""
     decodes = [s for s in states if s.num_scheduled == 1]
     prefills = [s for s in states if s.num_scheduled > 1]
     kernel_prefills: list[SeqState] = []
@@ -118,7 +115,7 @@ def prepare_inputs(
         slot_parts.append(tables[np.arange(d), ctx // bs] * bs + ctx % bs)
         if cpu_kernel is not None:
             lens[:d] = ctx + 1
-        elif not triton_block_q:
+        else:
             decode_tables = torch.from_numpy(tables).to(device, non_blocking=True)
             # Causal: a decode at position p attends to positions 0..p.
             mask = np.arange(max_blocks * bs)[None, :] <= ctx[:, None]
@@ -126,7 +123,7 @@ def prepare_inputs(
         for r, s in enumerate(decodes):
             chunk_rows.append((s, r))
             if s.num_computed_tokens + 1 == len(s.token_ids):
-                _sample_row(s, r, logits_idx, sample_states)
+                sample_row(s, r, logits_idx, sample_states)
     row = d
     num_row_rows = d  # rows through the decode kernel: decodes, then short-context chunks
     chunks: list[tuple[int, int, int]] = []  # prefill kernel: (first row, length, position)
@@ -141,7 +138,7 @@ def prepare_inputs(
             num_row_rows += n
         row += n
         if end == len(s.token_ids):
-            _sample_row(s, row - 1, logits_idx, sample_states)
+            sample_row(s, row - 1, logits_idx, sample_states)
     if kernel_rows and cpu_kernel is not None:
         decode_tables = torch.from_numpy(tables)
         decode_lens = torch.from_numpy(lens)
@@ -151,7 +148,7 @@ def prepare_inputs(
     for s in prefills:
         chunk_rows.append((s, offset))
         start, n, end, pos, blocks = _add_chunk(s, bs, ids, pos_parts, slot_parts)
-        if start == 0 or triton_block_q:
+        if start == 0:
             slots = mask = None
         else:
             ctx_pos = np.arange(end, dtype=np.int64)
@@ -161,7 +158,7 @@ def prepare_inputs(
         prefill_meta.append(PrefillSeq(offset, n, end, slots, mask))
         offset += n
         if end == len(s.token_ids):
-            _sample_row(s, offset - 1, logits_idx, sample_states)
+            sample_row(s, offset - 1, logits_idx, sample_states)
 
     positions = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
     slots_all = np.concatenate(slot_parts) if slot_parts else np.zeros(0, dtype=np.int64)
@@ -177,16 +174,7 @@ def prepare_inputs(
         num_row_kernel_rows=num_row_rows if cpu_kernel is not None else 0,
         prefill_chunks=torch.tensor(chunks, dtype=torch.int64) if chunks else None,
     )
-    if triton_block_q:
-        rows = decodes + prefills  # the batch's row order
-        meta.triton = build_triton_metadata(
-            [s.num_scheduled for s in rows],
-            [s.num_computed_tokens + s.num_scheduled for s in rows],
-            [s.block_ids for s in rows],
-            triton_block_q,
-            device,
-        )
-    prompt_chunks, pool_chunks = _prompt_and_pool_chunks(chunk_rows, logits_idx)
+    prompt_chunks, pool_chunks = prompt_and_pool_chunks(chunk_rows, logits_idx)
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.from_numpy(positions).to(device),
@@ -199,7 +187,7 @@ def prepare_inputs(
     )
 
 
-def _sample_row(s: SeqState, row: int, logits_idx: list[int], states: list[SeqState]) -> None:
+def sample_row(s: SeqState, row: int, logits_idx: list[int], states: list[SeqState]) -> None:
     """A sequence whose chunk reaches its last token samples from that row's logits; an
     embedding request never samples (its last chunk is pooled instead)."""
     if s.params.pooling is None:
@@ -207,7 +195,7 @@ def _sample_row(s: SeqState, row: int, logits_idx: list[int], states: list[SeqSt
         states.append(s)
 
 
-def _prompt_and_pool_chunks(
+def prompt_and_pool_chunks(
     chunk_rows: list[tuple[SeqState, int]], logits_idx: list[int]
 ) -> tuple[list[ChunkRows], list[ChunkRows]]:
     """The chunks that need more than sampling: rows whose logits give prompt logprobs

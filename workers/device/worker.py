@@ -7,8 +7,6 @@ Only the driver rank (0) samples; every rank runs the forward pass in lockstep.
 from __future__ import annotations
 
 import logging
-import os
-import resource
 import time
 
 import torch
@@ -16,14 +14,24 @@ import torch
 from workers.config import EngineConfig
 from workers.core.step import GrammarBitmask, StepInput, StepOutput
 from workers.device.attention_backend import AttentionBackend
+from workers.device.compile import CompiledForward
+from workers.device.decode_graphs import FullGraphForward, full_graph_forward
 from workers.device.distributed import TPGroup
 from workers.device.forward import ForwardStrategy, ModelForward
+from workers.device.host_memory import anon_rss_bytes, peak_rss_bytes, rss_bytes
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.layers.sampler import greedy_tokens
 from workers.device.loader import load_weights
 from workers.device.model_runner import SeqState, prepare_inputs
 from workers.device.models import build_model
 from workers.device.scoring import scoring_outputs
+from workers.device.step_buffers import StepBuffers
+from workers.device.triton_inputs import (
+    DecodePadding,
+    buffer_capacity,
+    prepare_triton_inputs,
+    table_width,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +58,7 @@ class Worker:
         self.is_driver = tp.rank == 0
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
-        rss_before, anon_before = _rss_bytes(), _anon_rss_bytes()
+        rss_before, anon_before = rss_bytes(), anon_rss_bytes()
         torch.manual_seed(config.seed)
         with torch.device(device):
             self.model = build_model(
@@ -59,8 +67,8 @@ class Worker:
         load_weights(self.model, config.model, tp, progress=progress)
         self.model.eval()
         # Peak host memory the load added (sharded loading keeps it near one shard).
-        self.load_peak_rss_bytes = max(0, _peak_rss_bytes() - rss_before)
-        self.load_anon_bytes = max(0, _anon_rss_bytes() - anon_before)
+        self.load_peak_rss_bytes = max(0, peak_rss_bytes() - rss_before)
+        self.load_anon_bytes = max(0, anon_rss_bytes() - anon_before)
         log.info(
             "rank %d/%d: loaded %s (%.1f M params on this rank) in %.2fs",
             tp.rank,
@@ -86,23 +94,30 @@ class Worker:
             from workers.lora.device import LoraDevice
 
             self.lora = LoraDevice(self.model, config, tp)
+        self.attention_backend = AttentionBackend.choose(config.attention_backend, device.type)
+        log.info("Attention backend: %s", self.attention_backend)
+        triton = self.attention_backend.name == "triton"
         self.forward, self.packed_bytes = _build_forward(
-            self.model, config, device, tp.size, progress
+            self.model, config, device, tp.size, progress, triton
         )
         # The library the attention metadata hands the kernels (None: torch's paths).
         self.cpu_kernel = self.forward.strategy.kernels.lib
-        self.attention_backend = AttentionBackend.choose(config.attention_backend, device.type)
-        log.info("Attention backend: %s", self.attention_backend)
         # Query tokens per triton program (0: the torch path); the triton backend takes every
         # row's attention, so the CPU kernels' attention rows are off (their GEMMs stay on).
+        # Its step inputs go through one persistent buffer (made with the KV cache).
         self.triton_block_q = 0
-        if self.attention_backend.name == "triton":
+        self.step_buffers: StepBuffers | None = None
+        self.decode_padding: DecodePadding | None = None  # what the decode graphs serve
+        self.progress = progress
+        if triton:
             self.triton_block_q = _triton_block_q(self.model)
             self.cpu_kernel = None
             # The eager modules' norms, rotary, activations and residual adds on Triton too
             # (workers/device/layers/triton_layers.py); the compiled pieces and the CPU
             # kernels (CPU only, under the interpreter) keep theirs.
-            if self.forward.compiled is None and not self.forward.strategy.kernels.on:
+            if not isinstance(self.forward.compiled, CompiledForward) and not (
+                self.forward.strategy.kernels.on
+            ):
                 from workers.device.layers.triton_layers import use_triton_layers
 
                 use_triton_layers(self.model)
@@ -142,6 +157,28 @@ class Worker:
             )
             for _ in range(m.num_layers)
         ]
+        if self.triton_block_q:
+            self._init_step_buffers(num_blocks)
+
+    def _init_step_buffers(self, num_blocks: int) -> None:
+        """The triton backend's step buffer, sized for the largest step, and (when compiled)
+        the decode graphs over it and the KV cache."""
+        sched = self.config.scheduler
+        width = table_width(sched.max_model_len, self.block_size, num_blocks)
+        capacity = buffer_capacity(sched.max_num_batched_tokens, sched.max_num_seqs, width)
+        self.step_buffers = StepBuffers(capacity, self.device)
+        compiled = self.forward.compiled
+        if isinstance(compiled, FullGraphForward):
+            compiled.capture(
+                self.model,
+                self.kv_caches,
+                self.step_buffers,
+                width,
+                self.triton_block_q,
+                self.progress,
+            )
+            self.decode_padding = compiled.graphs.padding
+            self.compile_s = compiled.compile_s
 
     def _apply(self, step: StepInput) -> list[SeqState]:
         states = self.states
@@ -207,9 +244,12 @@ class Worker:
         order = self._apply(step)
         if not order:
             return StepOutput([], []) if self.is_driver else None
-        inp = prepare_inputs(
-            order, self.block_size, self.device, self.cpu_kernel, self.triton_block_q
-        )
+        if self.step_buffers is not None:
+            inp = prepare_triton_inputs(
+                order, self.block_size, self.triton_block_q, self.step_buffers, self.decode_padding
+            )
+        else:
+            inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
         if inp.lora_rows:
             # Steps with adapter rows run eagerly (modules or direct kernel calls, whose
             # projections add the deltas); the compiled pieces serve base-model steps only.
@@ -297,7 +337,12 @@ def _triton_block_q(model: torch.nn.Module) -> int:
 
 
 def _build_forward(
-    model: torch.nn.Module, config: EngineConfig, device: torch.device, tp_size: int, progress: bool
+    model: torch.nn.Module,
+    config: EngineConfig,
+    device: torch.device,
+    tp_size: int,
+    progress: bool,
+    triton: bool = False,
 ) -> tuple[ModelForward, int]:
     """The worker's forward (workers/device/forward.py), its strategy chosen here once, and
     the host bytes the packed bfloat16 weight copies added (negative: freed)."""
@@ -328,7 +373,12 @@ def _build_forward(
             )
     from workers.device.compile import compile_model
 
-    compiled = compile_model(model, config.compilation, device, tp_size, progress)
+    if triton:  # whole-step decode graphs, captured with the KV cache (Worker.init_kv_cache)
+        compiled = full_graph_forward(
+            config.compilation, model, tp_size, config.scheduler.max_num_seqs
+        )
+    else:
+        compiled = compile_model(model, config.compilation, device, tp_size, progress)
     return ModelForward(model, strategy, compiled, direct), packed_bytes
 
 
@@ -345,22 +395,3 @@ def _grammar_rows(
     picked = [where[ids[r]] for r in rows]
     bits = grammar.bits if picked == list(range(len(grammar.seq_ids))) else grammar.bits[picked]
     return rows, torch.from_numpy(bits)
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _anon_rss_bytes() -> int:
-    """Private (anonymous) resident memory: what loading really costs the host; the
-    memory-mapped checkpoint pages it touches are page cache, shared and reclaimable."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -138,6 +138,19 @@ def test_compile_flag_runs_kvray_both_ways_side_by_side() -> None:
     assert parser.parse_args([]).compile is None  # the engine's default
 
 
+def test_the_attention_backend_reaches_the_engine_only_when_chosen() -> None:
+    import argparse
+
+    from cluster.bench.throughput import add_arguments
+    from cluster.bench.throughput_kvray import llm_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert "attention_backend" not in llm_kwargs(parser.parse_args([]), "m", 1, True)
+    args = parser.parse_args(["--attention-backend", "triton"])
+    assert llm_kwargs(args, "m", 1, True)["attention_backend"] == "triton"
+
+
 def test_a_failing_kvray_backend_is_reported_and_the_peers_still_run(tmp_path: Path) -> None:
     # max_num_seqs 0 is refused by the engine (and by hf-cb): the run goes on with hf, says
     # which backends failed and why, and exits 1.

@@ -9,9 +9,8 @@ from types import ModuleType
 
 import pytest
 
-from tests.checkpoints import hf_greedy, load_hf
 from tests.triton_interpret import interpreted_kernels, triton_available
-from tests.workers.parity import assert_greedy_match
+from tests.workers.parity import assert_outputs_match_hf
 from workers import LLM, SamplingParams
 from workers.device.attention_backend import AttentionBackend
 
@@ -66,9 +65,4 @@ def test_engine_on_triton_matches_transformers(kernels: ModuleType, kind: str, c
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (1, 16, 17, 70)]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    hf = load_hf(path)
-    exact = 0
-    for prompt, out in zip(prompts, outs, strict=True):
-        ours = out.outputs[0].token_ids
-        exact += assert_greedy_match(hf, prompt, ours, hf_greedy(hf, prompt, 6))
-    assert exact >= len(prompts) - 1
+    assert_outputs_match_hf(path, prompts, outs, 6)

@@ -187,10 +187,10 @@ def paged_attention(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KH, D]
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [S, max_blocks] int
-    seq_lens: torch.Tensor,  # [S] int32: context + new tokens
-    cu_seqlens_q: torch.Tensor,  # [S + 1] int32
-    prog_seq: torch.Tensor,  # [P] int32 (triton_metadata.program_table)
-    prog_qoff: torch.Tensor,  # [P] int32
+    seq_lens: torch.Tensor,  # [S] int32 or int64: context + new tokens
+    cu_seqlens_q: torch.Tensor,  # [S + 1] int32 or int64
+    prog_seq: torch.Tensor,  # [P] int32 or int64 (triton_metadata.program_table)
+    prog_qoff: torch.Tensor,  # [P] int32 or int64
     block_q: int,
     scale: float,
     window: int = 0,

@@ -1,12 +1,12 @@
-"""The step's metadata for the Triton attention backend (workers/device/layers/triton_attention.py),
-built once per step on the host and moved to the device in one copy; every layer reads it.
+"""The step's metadata for the Triton attention backend (workers/device/layers/triton_attention.py):
+built once per step on the host with the step's other inputs (workers/device/triton_inputs.py)
+and moved to the device in the same one copy; every layer reads it.
 
 Kept free of triton imports: the model runner builds it without loading the kernels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,12 +18,15 @@ MIN_TILE_ROWS = 16
 
 @dataclass(frozen=True)
 class TritonMetadata:
-    block_tables: torch.Tensor  # [S, max_blocks] int32
-    seq_lens: torch.Tensor  # [S] int32: cached context + this step's tokens
-    cu_seqlens_q: torch.Tensor  # [S + 1] int32: each sequence's first row in the batch
-    prog_seq: torch.Tensor  # [P] int32: the sequence of each program (`program_table`)
-    prog_qoff: torch.Tensor  # [P] int32: its first query's offset in the sequence's chunk
+    block_tables: torch.Tensor  # [S, max_blocks] int64
+    seq_lens: torch.Tensor  # [S] int64: cached context + this step's tokens
+    cu_seqlens_q: torch.Tensor  # [S + 1] int64: each sequence's first row in the batch
+    prog_seq: torch.Tensor  # [P] int64: the sequence of each program (`program_table`)
+    prog_qoff: torch.Tensor  # [P] int64: its first query's offset in the sequence's chunk
     block_q: int  # query tokens per program
+    # A decode step padded to this many rows, laid out as the CUDA graph of that size reads
+    # it (workers/device/decode_graphs.py); 0: not padded.
+    graph_size: int = 0
 
 
 def block_q_for(num_heads: int, num_kv_heads: int) -> int:
@@ -42,41 +45,3 @@ def program_table(query_lens: np.ndarray, block_q: int) -> tuple[np.ndarray, np.
     first = np.cumsum(counts) - counts
     qoff = (np.arange(len(seq), dtype=np.int64) - np.repeat(first, counts)) * block_q
     return seq, qoff.astype(np.int32)
-
-
-def build_triton_metadata(
-    query_lens: Sequence[int],
-    seq_lens: Sequence[int],
-    block_ids: Sequence[Sequence[int]],
-    block_q: int,
-    device: torch.device,
-) -> TritonMetadata:
-    """Sequences in the batch's row order; one host-to-device copy for all of it."""
-    s = len(query_lens)
-    qlens = np.asarray(query_lens, dtype=np.int64)
-    max_blocks = max(len(b) for b in block_ids)
-    seq, qoff = program_table(qlens, block_q)
-    p = len(seq)
-    # One int32 buffer: tables, seq lens, cu_seqlens, program table.
-    buf = np.zeros(s * max_blocks + s + (s + 1) + 2 * p, dtype=np.int32)
-    tables = buf[: s * max_blocks].reshape(s, max_blocks)
-    for r, b in enumerate(block_ids):
-        tables[r, : len(b)] = b
-    o = s * max_blocks
-    buf[o : o + s] = seq_lens
-    buf[o + s + 1 : o + 2 * s + 1] = np.cumsum(qlens)
-    o += 2 * s + 1
-    buf[o : o + p] = seq
-    buf[o + p :] = qoff
-    t = torch.from_numpy(buf)
-    if device.type == "cuda":
-        t = t.pin_memory().to(device, non_blocking=True)
-    o = s * max_blocks
-    return TritonMetadata(
-        block_tables=t[:o].view(s, max_blocks),
-        seq_lens=t[o : o + s],
-        cu_seqlens_q=t[o + s : o + 2 * s + 1],
-        prog_seq=t[o + 2 * s + 1 : o + 2 * s + 1 + p],
-        prog_qoff=t[o + 2 * s + 1 + p :],
-        block_q=block_q,
-    )

@@ -1,0 +1,77 @@
+"""On CUDA, a step's forward never waits for the device (run by tests/gpu/check.sh): the
+triton backend's forward, eager and from the whole-step decode graphs, and the LM head run
+under torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising call
+(.item(), .tolist(), .cpu(), a blocking copy)."""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+
+from tests.checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@contextmanager
+def _no_sync() -> Any:
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+class _Unsynced:
+    """The worker's forward with every call checked."""
+
+    def __init__(self, forward: Any) -> None:
+        self._forward = forward
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._forward, name)
+
+    def hidden_states(self, *args: Any) -> torch.Tensor:
+        self.calls += 1
+        with _no_sync():
+            return self._forward.hidden_states(*args)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["triton-eager", "triton-graphs"])
+def test_the_forward_never_syncs(compile: bool, tmp_path) -> None:
+    pytest.importorskip("triton")
+    from workers import LLM, SamplingParams
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    llm = LLM(
+        str(path),
+        dtype="bfloat16",
+        device="cuda",
+        compile=compile,
+        kv_cache_memory_bytes=1 << 30,
+        attention_backend="triton",
+    )
+    worker = llm.engine.executor.worker
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # Triton compiles on first launches
+    checked = _Unsynced(worker.forward)
+    worker.forward = checked
+    logits = worker.model.logits
+
+    def unsynced_logits(*args: Any) -> torch.Tensor:
+        with _no_sync():
+            return logits(*args)
+
+    worker.model.logits = unsynced_logits
+    llm.generate(prompts, params, use_tqdm=False)
+    assert checked.calls > 0
+    if compile:  # decode steps replayed their graphs, under the same check
+        assert checked.compiled.graphs.replays > 0
+    llm.engine.shutdown()

@@ -322,7 +322,7 @@ class Worker:
             vocab_size=logits.shape[-1],
             grammar=_grammar_rows(grammar, ids),
         )
-        out = self.sampler(logits.float(), batch)
+        out = self.sampler(logits.float(), batch).to_host()
         logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
         return StepOutput(ids, out.token_ids.tolist(), logprobs)
 

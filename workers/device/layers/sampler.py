@@ -78,6 +78,20 @@ class SamplerOutput(NamedTuple):
     logprobs: Tensor | None  # [B, N+1] float32: chosen token first, then top-N descending
     logprob_token_ids: Tensor | None  # [B, N+1] long, ids matching `logprobs`
 
+    def to_host(self) -> SamplerOutput:
+        """The same on the host, in one device-to-host copy (one wait for the device): the
+        logprobs' float32 bits ride in int64 beside the ids, and come back bit for bit."""
+        return self if self.token_ids.device.type == "cpu" else self.packed_to_host()
+
+    def packed_to_host(self) -> SamplerOutput:
+        if self.logprobs is None or self.logprob_token_ids is None:
+            return SamplerOutput(self.token_ids.cpu(), None, None)
+        n = self.logprobs.shape[1]
+        bits = self.logprobs.contiguous().view(torch.int32).to(torch.int64)
+        packed = torch.cat([self.token_ids[:, None], self.logprob_token_ids, bits], dim=1).cpu()
+        values = packed[:, 1 + n :].to(torch.int32).view(torch.float32)
+        return SamplerOutput(packed[:, 0], values, packed[:, 1 : 1 + n])
+
 
 class Sampler:
     """Turns one step's logits into tokens. Holds only the generator for unseeded rows."""

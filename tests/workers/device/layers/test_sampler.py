@@ -20,7 +20,7 @@ from tests.workers.device.layers.sampling_helpers import (
     sample,
     target_distribution,
 )
-from workers.device.layers.sampler import Sampler, logprobs_to_dicts
+from workers.device.layers.sampler import Sampler, SamplerOutput, logprobs_to_dicts
 from workers.sampling_params import SamplingParams
 
 # ---------------------------------------------------------------------------------- greedy
@@ -245,6 +245,21 @@ def test_logprobs_are_raw_log_softmax_with_chosen_token_first() -> None:
     assert set(dicts[3]) == set(top5.tolist()) | {int(tokens[3])}
     for token_id, value in dicts[3].items():
         assert value == pytest.approx(reference[3, token_id], abs=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_results_reach_the_host_in_one_copy_bit_for_bit(device: str) -> None:
+    values = torch.tensor([[-0.5, -0.25, float("-inf")], [-1e-30, float("nan"), -88.7]])
+    ids = torch.tensor([[7, 3, 1], [2, 9, 4]])
+    out = SamplerOutput(torch.tensor([7, 2]), values, ids)
+    on_device = SamplerOutput(*(t.to(device) for t in out))
+    host = on_device.packed_to_host()
+    assert all(t.device.type == "cpu" for t in host)
+    assert host.token_ids.tolist() == [7, 2] and host.logprob_token_ids.equal(ids)
+    assert host.logprobs.view(torch.int32).equal(values.view(torch.int32))
+    assert on_device.to_host().logprobs.view(torch.int32).equal(values.view(torch.int32))
+    plain = SamplerOutput(torch.tensor([5]).to(device), None, None).to_host()
+    assert plain.token_ids.tolist() == [5] and plain.logprobs is None
 
 
 def test_no_logprobs_requested_means_none_returned() -> None:

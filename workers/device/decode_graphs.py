@@ -124,10 +124,15 @@ class FullGraphForward:
     def capture(self, model: Any, kv_caches: Any, buffers: StepBuffers, width: int,
                 block_q: int, progress: bool = False) -> None:  # fmt: skip
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            self.graphs.capture(model, kv_caches, buffers, width, block_q, progress)
+        try:
+            with torch.inference_mode():
+                self.graphs.capture(model, kv_caches, buffers, width, block_q, progress)
+        except Exception:  # noqa: BLE001 - an op that cannot be captured: eager still serves
+            log.exception("capturing the decode graphs failed; every step runs eagerly")
+            self.graphs.sets.clear()
+            self.graphs.padding = None
         self.compile_s = time.perf_counter() - t0
-        if buffers.device.type == "cuda":
+        if buffers.device.type == "cuda" and self.graphs.sets:
             log.info(
                 "captured %d whole-step decode graphs (batch sizes %s) in %.1f s",
                 len(self.graphs.sets),

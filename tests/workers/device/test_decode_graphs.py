@@ -52,6 +52,32 @@ def test_padded_decode_steps_match_transformers(kernels: ModuleType, kind: str, 
     llm.engine.shutdown()
 
 
+def test_a_failed_capture_leaves_every_step_eager(
+    kernels: ModuleType, checkpoints, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    from workers.device.decode_graphs import FullDecodeGraphs
+
+    def broken(*args, **kwargs) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(FullDecodeGraphs, "capture", broken)
+    llm = LLM(
+        str(checkpoints["qwen3"]),
+        kv_cache_memory_bytes=16 << 20,
+        attention_backend="triton",
+        compile=True,
+        max_num_seqs=4,
+    )
+    worker = llm.engine.executor.worker
+    assert "capturing the decode graphs failed" in caplog.text
+    assert worker.decode_padding is None and not worker.forward.compiled.graphs.sets
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
+    assert worker.forward.compiled.graphs.replays == 0
+    llm.engine.shutdown()
+
+
 def test_graphs_are_not_used_for_a_mixture_of_experts_model_or_tensor_parallel() -> None:
     from types import SimpleNamespace
 

@@ -115,6 +115,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,  # the cache's tokens per block
     TILE: tl.constexpr,  # K/V tokens per iteration
     SLIDING: tl.constexpr,  # attend only to the last `window` positions
+    IEEE: tl.constexpr,  # float32 inputs: exact float32 products (no TF32)
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -136,7 +137,7 @@ def _paged_attention_kernel(
         q_ptr + (q_begin + qi)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
-    ).to(tl.float32)
+    )
     q_pos = ctx + qi  # each row's position in its sequence
 
     # K/V needed: up to the last query's position; with a window, from the first query's
@@ -159,7 +160,13 @@ def _paged_attention_kernel(
         kv_mask = pos_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(tl.float32))) * scale  # [rows, TILE]
+        # Products in the cache's dtype, sums in float32. float32 models ask for IEEE
+        # products: a GPU's default for float32 dots is TF32 (10-bit mantissas), which
+        # would cost float32 its parity with transformers.
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [rows, TILE]
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
         attend = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
         if SLIDING:
             attend = attend & (pos[None, :] > q_pos[:, None] - window)
@@ -170,7 +177,11 @@ def _paged_attention_kernel(
         p = tl.exp(s - m_shift[:, None])
         alpha = tl.exp(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:  # as flash attention does: the probabilities rounded to the cache's dtype
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -239,6 +250,7 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         TILE=tile,
         SLIDING=window > 0,
+        IEEE=q.dtype == torch.float32,
     )
     return out
 

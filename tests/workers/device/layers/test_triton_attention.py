@@ -65,6 +65,7 @@ def _run(
     window: int = 0,
     tile: int | None = None,
     seed: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
@@ -80,6 +81,8 @@ def _run(
     v_cache = torch.randn(shape, generator=g)
     q = torch.randn(sum(query_lens), heads, head_dim, generator=g)
     scale = head_dim**-0.5
+    # Rounded to `dtype` for the kernel; the reference computes in float32 from those values.
+    q, k_cache, v_cache = (t.to(dtype).float() for t in (q, k_cache, v_cache))
 
     max_blocks = max(blocks_per_seq)
     bt = torch.zeros(len(tables), max_blocks, dtype=torch.int32)
@@ -90,9 +93,9 @@ def _run(
     block_q = block_q_for(heads, kv_heads)
     seq, qoff = program_table(qlens, block_q)
     got = mod.paged_attention(
-        q,
-        k_cache,
-        v_cache,
+        q.to(dtype),
+        k_cache.to(dtype),
+        v_cache.to(dtype),
         bt,
         torch.tensor(seq_lens, dtype=torch.int32),
         cu,
@@ -109,6 +112,17 @@ def _run(
 
 def _check(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_half_precision_products_sum_in_float32(kernels: ModuleType) -> None:
+    """A 16-bit cache takes the other branch of the kernel (products in the cache's dtype,
+    the probabilities rounded to it, sums in float32), as bfloat16 models do on a GPU; the
+    interpreter has no bfloat16 arithmetic, so float16 stands in for it here."""
+    got, want = _run(kernels, [1, 1, 20, 9], [33, 17, 20, 40], dtype=torch.float16)
+    assert got.dtype == torch.float16
+    # The probabilities and the output rounded to 11 bits: 7e-4 off the float32 reference
+    # here, where a wrong position or mask is off by ~1e-1.
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # GQA ratios 1, 2, 4 over 4 query heads

@@ -118,3 +118,29 @@ def test_cuda_lora_mixed_batch_matches_merged_weights(compile: bool, tmp_path) -
 
             hf = load_hf(path)
         assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, 12))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_cuda_triton_experts_match_transformers(kind: str, tmp_path) -> None:
+    """Mixture-of-experts models on the triton backend in float32: the experts as grouped
+    GEMMs (workers/device/layers/triton_moe.py), against transformers on CUDA."""
+    pytest.importorskip("triton")
+    from tests.checkpoints import hf_greedy, load_hf
+    from tests.moe_checkpoints import make_moe_checkpoint
+    from workers import LLM, SamplingParams
+
+    path = make_moe_checkpoint(kind, tmp_path / kind, num_experts=8, top_k=2)
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        device="cuda",
+        kv_cache_memory_bytes=1 << 30,
+        attention_backend="triton",
+    )
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 300)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    hf = load_hf(path)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, 12))

@@ -162,3 +162,25 @@ def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(kind: str,
     prompts = _prompts(llm.engine.vocab_size, LENGTHS[::2], seed=5)
     _assert_matches(path, prompts, llm.generate(prompts, GREEDY, use_tqdm=False))
     llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe-e4k2", "mixtral-e8k1"])
+def test_the_triton_backends_grouped_experts_match_transformers(name: str, models) -> None:
+    """The triton backend's experts (workers/device/layers/triton_moe.py: grouped GEMMs that
+    never sync with the host; CPU: Triton's interpreter, tests/conftest.py), top-1 and top-2,
+    with the experts' token counts still right."""
+    pytest.importorskip("triton")
+    path = models[name]
+    llm = LLM(
+        str(path), kv_cache_memory_bytes=16 << 20, attention_backend="triton", cpu_kernels=False
+    )
+    blocks = [
+        m for m in llm.engine.executor.worker.model.modules() if isinstance(m, SparseMoeBlock)
+    ]
+    assert blocks and all(b.triton_layers is not None for b in blocks)
+    prompts = _prompts(llm.engine.vocab_size, [1, 5, 17, 40])
+    _assert_matches(path, prompts, llm.generate(prompts, GREEDY, use_tqdm=False))
+    top_k = blocks[0].top_k
+    tokens = sum(len(p) for p in prompts) + len(prompts) * (MAX_TOKENS - 1)
+    assert all(int(b.expert_tokens.sum()) == tokens * top_k for b in blocks)
+    llm.engine.shutdown()

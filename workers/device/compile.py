@@ -224,8 +224,9 @@ def eager_only(model: Any, tp_size: int) -> str | None:
         # graph); compiling or capturing through a gloo/NCCL call is not supported here yet.
         return f"tensor_parallel_size {tp_size} > 1"
     if getattr(model.config, "moe", None) is not None:
-        # The MoE MLP's per-expert groups depend on the step's routing (a host sync), which
-        # neither a traced piece nor a graph can hold.
+        # The torch MoE MLP groups tokens by expert through a host sync, which no traced
+        # piece can hold; the triton backend's grouped GEMMs have none, but a padded graph
+        # step's padding rows would be routed and counted in the experts' token metric.
         return "a mixture-of-experts model"
     return None
 

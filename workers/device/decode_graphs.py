@@ -18,7 +18,8 @@ the step buffer is allocated (they read its views), so the worker calls `capture
 
 Not covered (they run eagerly): prefill and mixed steps, steps with LoRA rows, TP > 1 (the
 all-reduce would have to be captured with NCCL; not yet measured on a device) and
-mixture-of-experts models (the experts' grouping syncs with the host).
+mixture-of-experts models (their experts run sync-free on this backend, but padding rows
+would be routed and counted in the experts' token metric).
 
 On CPU, where there are no CUDA graphs (the triton backend runs there only under Triton's
 interpreter, for tests), the same padded steps run the eager forward: everything but the

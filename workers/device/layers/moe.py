@@ -20,6 +20,7 @@ answer alone (the loader asks it too): the place expert parallelism would start 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -78,6 +79,9 @@ class SparseMoeBlock(nn.Module):
         # Tokens routed to each expert so far (a token counts for each of its top-k): the
         # per-expert load metric. On the device, summed without a host sync per step.
         self.register_buffer("expert_tokens", torch.zeros(moe.num_experts, dtype=torch.int64))
+        # workers/device/layers/triton_layers.py's use_triton_layers sets it: the experts then
+        # run as workers/device/layers/triton_moe.py's grouped GEMMs.
+        self.triton_layers: ModuleType | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) of each token's top-k experts."""
@@ -92,7 +96,17 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        self.expert_tokens += torch.bincount(ids.reshape(-1), minlength=self.num_experts)
+        # index_add_, not bincount: CUDA's bincount reads the largest id back to the host.
+        flat = ids.reshape(-1)
+        self.expert_tokens.index_add_(0, flat, torch.ones_like(flat))
+        if self.triton_layers is not None:
+            # The triton backend: grouped-GEMM launches that never sync with the host.
+            from workers.device.layers.triton_moe import moe_experts
+
+            p = self.partition
+            return self.tp.all_reduce(
+                moe_experts(x, weights, ids, self.w13, self.w2, p.first_expert)
+            )
         return self.tp.all_reduce(self.experts(x, weights, ids))
 
     def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

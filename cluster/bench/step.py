@@ -154,6 +154,9 @@ def measure(s: StepSettings) -> dict[str, Any]:
 
     token_ids = sampleable_token_ids(model_dir)
     rng = random.Random(s.seed)
+    # CUDA graphs of decode steps (the torch backend's piecewise ones or the triton backend's
+    # whole-step ones), read before the clock wraps the worker's forward.
+    graphs = getattr(worker.forward.compiled, "graphs", None)
     clock = StepClock(worker, cuda)
     per_token_kv = kv_bytes_per_token(engine)
     rows: list[StepRow] = []
@@ -167,6 +170,9 @@ def measure(s: StepSettings) -> dict[str, Any]:
         rows.append(_prefill_case(engine, clock, prompts, per_token_kv, copy_bps))
     finally:
         engine.shutdown()
+    replays = None if graphs is None else graphs.replays
+    if replays is not None:
+        print(f"decode steps replayed from CUDA graphs: {replays}")
     settings = {**vars(s), "model": str(model_dir), "prefill_tokens": prefill}
     settings["batch_sizes"] = list(s.batch_sizes)
     return {
@@ -179,6 +185,7 @@ def measure(s: StepSettings) -> dict[str, Any]:
         "worker": worker.info(),
         "layers": engine.config.model.num_layers,
         "copy_bytes_per_s": copy_bps,
+        "graph_replays": replays,
         "notes": timing_notes(cuda),
     }
 

@@ -77,6 +77,24 @@ def test_ops_bytes_and_bandwidth(result):
     assert {"cpu", "cpu_count", "torch_threads", "torch", "date"} <= result["machine"].keys()
 
 
+def test_the_demo_run_reports_no_graphs(result):
+    assert result["graph_replays"] is None  # eager: nothing was captured
+
+
+def test_decode_steps_of_the_triton_backends_graphs_are_counted(tmp_path):
+    """--attention-backend triton --compile (CPU: Triton's interpreter, tests/conftest.py; the
+    padded decode steps run eagerly there, as a graph would replay them)."""
+    pytest.importorskip("triton")
+    path = tmp_path / "step.json"
+    argv = ["--batch-sizes", "1,3", "--context", "8", "--prefill-tokens", "16", "--steps", "2"]
+    argv += ["--warmup", "1", "--prefill-steps", "1", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--attention-backend", "triton", "--compile", "--no-cpu-kernels"]
+    assert main(["bench", "step", *argv, "--result-json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    # B=1 and B=3 (padded to 4): the warm-up and timed steps, and one counting the ops each.
+    assert result["graph_replays"] == 2 * (1 + 2 + 1)
+
+
 def test_op_counter_counts_a_known_function():
     a, b = torch.ones(4, 4), torch.ones(4, 4)
     ops = count_ops(lambda: torch.relu(torch.mm(a, b) + 1) * 2)

@@ -167,20 +167,28 @@ def test_a_bfloat16_checkpoint_served_in_float32_matches_transformers(kind: str,
 def test_the_triton_backends_grouped_experts_match_transformers(models) -> None:
     """The triton backend's experts (workers/device/layers/triton_moe.py: grouped GEMMs that
     never sync with the host; CPU: Triton's interpreter, tests/conftest.py), with a dense
-    layer among the sparse ones and the experts' token counts still right (other routings:
+    layer among the sparse ones, in whole-step decode graphs (on CPU: the padded steps, run
+    eagerly), and the experts' token counts without the padding rows (other routings:
     tests/workers/device/layers/test_triton_moe.py)."""
     pytest.importorskip("triton")
     path = models["qwen3_moe-e4k2"]
     llm = LLM(
-        str(path), kv_cache_memory_bytes=16 << 20, attention_backend="triton", cpu_kernels=False
+        str(path),
+        kv_cache_memory_bytes=16 << 20,
+        attention_backend="triton",
+        cpu_kernels=False,
+        compile=True,
+        max_num_seqs=8,
     )
     blocks = [
         m for m in llm.engine.executor.worker.model.modules() if isinstance(m, SparseMoeBlock)
     ]
     assert blocks and all(b.triton_layers is not None for b in blocks)
-    prompts = _prompts(llm.engine.vocab_size, [1, 5, 17, 40])
+    prompts = _prompts(llm.engine.vocab_size, [1, 5, 17, 40, 3])
     _assert_matches(path, prompts, llm.generate(prompts, GREEDY, use_tqdm=False))
     top_k = blocks[0].top_k
     tokens = sum(len(p) for p in prompts) + len(prompts) * (MAX_TOKENS - 1)
     assert all(int(b.expert_tokens.sum()) == tokens * top_k for b in blocks)
+    # The five sequences' decode steps replayed the graph of size 8: three padding rows each.
+    assert llm.engine.executor.worker.forward.compiled.graphs.replays > 0
     llm.engine.shutdown()

@@ -216,17 +216,17 @@ def compile_model(
     return fwd
 
 
-def eager_only(model: Any, tp_size: int) -> str | None:
+def eager_only(model: Any, tp_size: int, sync_free_experts: bool = False) -> str | None:
     """Why neither the compiled pieces nor any CUDA graph can serve this model (it then runs
-    eagerly), or None."""
+    eagerly), or None. `sync_free_experts`: a mixture-of-experts model's experts run without a
+    host sync (the triton backend's grouped GEMMs)."""
     if tp_size > 1:
         # The row-parallel all-reduce sits inside the post-attention piece (and a whole-step
         # graph); compiling or capturing through a gloo/NCCL call is not supported here yet.
         return f"tensor_parallel_size {tp_size} > 1"
-    if getattr(model.config, "moe", None) is not None:
+    if getattr(model.config, "moe", None) is not None and not sync_free_experts:
         # The torch MoE MLP groups tokens by expert through a host sync, which no traced
-        # piece can hold; the triton backend's grouped GEMMs have none, but a padded graph
-        # step's padding rows would be routed and counted in the experts' token metric.
+        # piece or graph can hold.
         return "a mixture-of-experts model"
     return None
 

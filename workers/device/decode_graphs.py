@@ -16,10 +16,12 @@ nothing. The graphs are captured after the KV cache exists (they read its blocks
 the step buffer is allocated (they read its views), so the worker calls `capture` from
 `init_kv_cache`.
 
-Not covered (they run eagerly): prefill and mixed steps, steps with LoRA rows, TP > 1 (the
-all-reduce would have to be captured with NCCL; not yet measured on a device) and
-mixture-of-experts models (their experts run sync-free on this backend, but padding rows
-would be routed and counted in the experts' token metric).
+Mixture-of-experts models are covered too: on this backend their experts run as grouped
+GEMMs with no host sync (workers/device/layers/triton_moe.py), and the padding rows, which
+are routed like any row, are left out of the experts' token counts.
+
+Not covered (they run eagerly): prefill and mixed steps, steps with LoRA rows, and TP > 1
+(the all-reduce would have to be captured with NCCL; not yet measured on a device).
 
 On CPU, where there are no CUDA graphs (the triton backend runs there only under Triton's
 interpreter, for tests), the same padded steps run the eager forward: everything but the
@@ -156,17 +158,17 @@ def _idle_step(
     from workers.device.layers.triton_metadata import TritonMetadata
 
     layout = triton_layout(size, size, size, width, 0)
-    ids, pos, slots, lens, cu, p_seq, p_qoff, _tables, _ = buffers.host_views(layout)
-    ids[:], pos[:], slots[:], lens[:], cu[:], p_qoff[:] = 0, 0, -1, 0, 0, 0
+    ids, pos, slots, real, lens, cu, p_seq, p_qoff, _tables, _ = buffers.host_views(layout)
+    ids[:], pos[:], slots[:], real[:], lens[:], cu[:], p_qoff[:] = 0, 0, -1, 0, 0, 0, 0
     p_seq[:] = range(size)
-    d_ids, d_pos, d_slots, d_lens, d_cu, d_pseq, d_pqoff, d_tables, _ = buffers.upload()
+    d_ids, d_pos, d_slots, d_real, d_lens, d_cu, d_pseq, d_pqoff, d_tables, _ = buffers.upload()
     meta = AttentionMetadata(
         slot_mapping=d_slots,
         num_decodes=size,
         decode_block_tables=None,
         decode_mask=None,
         prefills=[],
-        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, size),
+        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, size, d_real),
     )
     return d_ids, d_pos, meta
 
@@ -174,12 +176,12 @@ def _idle_step(
 def full_graph_forward(config: Any, model: Any, tp_size: int, max_num_seqs: int
                        ) -> FullGraphForward | None:  # fmt: skip
     """The triton backend's compiled forward when the compile config asks for one (captured
-    later, by `capture`), or None: eager (not asked, TP > 1, or a mixture-of-experts model)."""
+    later, by `capture`), or None: eager (not asked, or TP > 1)."""
     from workers.compile_sizes import capture_sizes
 
     if not config.enabled:
         return None
-    why = eager_only(model, tp_size)
+    why = eager_only(model, tp_size, sync_free_experts=True)
     if why is not None:
         log.warning("decode graphs: %s runs the eager forward", why)
         return None

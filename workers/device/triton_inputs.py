@@ -5,14 +5,16 @@ and uploaded in one copy (workers/device/step_buffers.py).
 Rows are sequences, decodes first, then prefill chunks (the torch path's order,
 workers/device/model_runner.py). The buffer's layout, in order:
 
-    input ids [T] | positions [T] | KV slots [T] | seq lens [S] | cu_seqlens_q [S + 1]
-    | program table: sequences [P], query offsets [P] | block tables [S, W] | logits rows [L]
+    input ids [T] | positions [T] | KV slots [T] | real rows [T] | seq lens [S]
+    | cu_seqlens_q [S + 1] | program table: sequences [P], query offsets [P]
+    | block tables [S, W] | logits rows [L]
 
 A decode-only step that a whole-step CUDA graph serves (workers/device/decode_graphs.py) is
 padded to the graph's size B (T = S = P = B) and its tables to the graphs' width, so that
 every piece but the logits rows (read outside the graph) sits where the graph of size B
 reads it. Padding rows do nothing: token 0 at position 0, no KV slot (-1), no query tokens
-and no context, so the kernels skip them; their hidden states are never read.
+and no context, so the kernels skip them; their hidden states are never read, and "real
+rows" (1 per token, 0 per padding row) keeps them out of the experts' token counts.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def triton_layout(
         (tokens,),
         (tokens,),
         (tokens,),
+        (tokens,),
         (rows,),
         (rows + 1,),
         (programs,),
@@ -70,7 +73,7 @@ def buffer_capacity(max_tokens: int, max_seqs: int, width: int) -> int:
     `block_q` query tokens of a sequence (at most tokens + sequences), and logits rows for
     its samples and prompt logprobs (at most tokens + sequences)."""
     t, s = max(max_tokens, max_seqs), max_seqs
-    return 3 * t + 2 * s + 1 + 2 * (t + s) + s * width + (t + s)
+    return 4 * t + 2 * s + 1 + 2 * (t + s) + s * width + (t + s)
 
 
 def prepare_triton_inputs(
@@ -110,7 +113,7 @@ def prepare_triton_inputs(
         prog_seq, prog_qoff = program_table(qlens, block_q)
         n_rows, n_tokens, n_programs = s, t, len(prog_seq)
         width = max(len(r.block_ids) for r in rows)
-    ids, pos, slots, seq_lens, cu_q, p_seq, p_qoff, tables, logits = buffers.host_views(
+    ids, pos, slots, real, seq_lens, cu_q, p_seq, p_qoff, tables, logits = buffers.host_views(
         triton_layout(n_rows, n_tokens, n_programs, width, len(logits_idx))
     )
     ids[:t] = np.fromiter(
@@ -129,10 +132,12 @@ def prepare_triton_inputs(
     slots[:t] += p % block_size
     seq_lens[:s] = starts + qlens
     cu_q[: s + 1] = cu
+    real[:t] = 1
     if graph:
         ids[t:] = 0
         pos[t:] = 0
         slots[t:] = -1
+        real[t:] = 0
         seq_lens[s:] = 0
         cu_q[s + 1 :] = t
         p_seq[:] = np.arange(graph)
@@ -141,14 +146,16 @@ def prepare_triton_inputs(
         p_seq[:] = prog_seq
         p_qoff[:] = prog_qoff
     logits[:] = logits_idx
-    d_ids, d_pos, d_slots, d_lens, d_cu, d_pseq, d_pqoff, d_tables, d_logits = buffers.upload()
+    d_ids, d_pos, d_slots, d_real, d_lens, d_cu, d_pseq, d_pqoff, d_tables, d_logits = (
+        buffers.upload()
+    )
     meta = AttentionMetadata(
         slot_mapping=d_slots,
         num_decodes=len(decodes),
         decode_block_tables=None,
         decode_mask=None,
         prefills=[],
-        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, graph),
+        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, graph, d_real),
     )
     return ModelInput(
         input_ids=d_ids,

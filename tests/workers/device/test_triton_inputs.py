@@ -58,6 +58,7 @@ def test_same_inputs_as_the_torch_path() -> None:
     assert [s.seq_id for s in ours.sample_states] == ["s1", "s2", "s3", "s5"]
     t = ours.meta.triton
     assert t.graph_size == 0 and ours.meta.num_decodes == 2
+    assert t.real_rows.tolist() == [1] * 24
     assert t.seq_lens.tolist() == [6, 8, 9, 14, 11]
     assert t.cu_seqlens_q.tolist() == [0, 1, 2, 11, 17, 24]
     for r, s in enumerate(states):
@@ -81,14 +82,14 @@ def test_a_decode_step_is_padded_to_the_graphs_layout() -> None:
     t = inp.meta.triton
     assert t.graph_size == 4 and inp.meta.num_decodes == 3
     expected = buffers.device_views(triton_layout(4, 4, 4, width, 0))
-    got = [inp.input_ids, inp.positions, inp.meta.slot_mapping, t.seq_lens, t.cu_seqlens_q,
-           t.prog_seq, t.prog_qoff, t.block_tables]  # fmt: skip
-    for g, e in zip(got, expected[:8], strict=True):
+    got = [inp.input_ids, inp.positions, inp.meta.slot_mapping, t.real_rows, t.seq_lens,
+           t.cu_seqlens_q, t.prog_seq, t.prog_qoff, t.block_tables]  # fmt: skip
+    for g, e in zip(got, expected[:9], strict=True):
         assert (g.data_ptr(), g.shape) == (e.data_ptr(), e.shape)
     assert graph_meta.triton.block_tables.data_ptr() == t.block_tables.data_ptr()
     # Padding rows: token 0 at position 0, no slot, no query, no context.
     assert inp.input_ids.tolist()[3:] == [0] and inp.positions.tolist() == [5, 7, 3, 0]
-    assert inp.meta.slot_mapping.tolist()[3] == -1
+    assert inp.meta.slot_mapping.tolist()[3] == -1 and t.real_rows.tolist() == [1, 1, 1, 0]
     assert t.seq_lens.tolist() == [6, 8, 4, 0]
     assert t.cu_seqlens_q.tolist() == [0, 1, 2, 3, 3]
     assert t.prog_seq.tolist() == [0, 1, 2, 3] and t.prog_qoff.tolist() == [0, 0, 0, 0]

@@ -94,11 +94,17 @@ class SparseMoeBlock(nn.Module):
             weights = weights.to(logits.dtype)
         return weights, ids
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, real_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`real_rows` ([T] int64, 1 or 0): which rows are tokens, not a decode graph's padding
+        (workers/device/triton_inputs.py); padding is routed like any row, counted nowhere."""
         weights, ids = self.route(x)
         # index_add_, not bincount: CUDA's bincount reads the largest id back to the host.
         flat = ids.reshape(-1)
-        self.expert_tokens.index_add_(0, flat, torch.ones_like(flat))
+        if real_rows is None:
+            counts = torch.ones_like(flat)
+        else:
+            counts = real_rows[:, None].expand(ids.shape).reshape(-1)
+        self.expert_tokens.index_add_(0, flat, counts)
         if self.triton_layers is not None:
             # The triton backend: grouped-GEMM launches that never sync with the host.
             from workers.device.layers.triton_moe import moe_experts

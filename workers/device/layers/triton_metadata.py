@@ -27,6 +27,9 @@ class TritonMetadata:
     # A decode step padded to this many rows, laid out as the CUDA graph of that size reads
     # it (workers/device/decode_graphs.py); 0: not padded.
     graph_size: int = 0
+    # [T] int64: 1 for each of the step's tokens, 0 for each padding row (the experts' token
+    # counts read it); None: every row is a token.
+    real_rows: torch.Tensor | None = None
 
 
 def block_q_for(num_heads: int, num_kv_heads: int) -> int:

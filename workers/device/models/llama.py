@@ -139,7 +139,10 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn
         h = self.input_layernorm.fused(x, delta, out=delta)
         o = attn.out(attn.attn(*attn.qkv(positions, h), kv_cache, meta))
-        return self.mlp(self.post_attention_layernorm.fused(x, o, out=o))
+        h = self.post_attention_layernorm.fused(x, o, out=o)
+        if isinstance(self.mlp, SparseMoeBlock):  # padding rows stay out of its token counts
+            return self.mlp(h, meta.triton.real_rows if meta.triton is not None else None)
+        return self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):

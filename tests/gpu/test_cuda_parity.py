@@ -120,10 +120,12 @@ def test_cuda_lora_mixed_batch_matches_merged_weights(compile: bool, tmp_path) -
         assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, 12))
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
-def test_cuda_triton_experts_match_transformers(kind: str, tmp_path) -> None:
+def test_cuda_triton_experts_match_transformers(kind: str, compile: bool, tmp_path) -> None:
     """Mixture-of-experts models on the triton backend in float32: the experts as grouped
-    GEMMs (workers/device/layers/triton_moe.py), against transformers on CUDA."""
+    GEMMs (workers/device/layers/triton_moe.py), eager and in whole-step decode graphs,
+    against transformers on CUDA."""
     pytest.importorskip("triton")
     from tests.checkpoints import hf_greedy, load_hf
     from tests.moe_checkpoints import make_moe_checkpoint
@@ -136,6 +138,7 @@ def test_cuda_triton_experts_match_transformers(kind: str, tmp_path) -> None:
         device="cuda",
         kv_cache_memory_bytes=1 << 30,
         attention_backend="triton",
+        compile=compile,
     )
     rng = random.Random(2)
     prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 300)]
@@ -144,3 +147,5 @@ def test_cuda_triton_experts_match_transformers(kind: str, tmp_path) -> None:
     hf = load_hf(path)
     for prompt, out in zip(prompts, outs, strict=True):
         assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, 12))
+    if compile:
+        assert llm.engine.executor.worker.forward.compiled.graphs.replays > 0

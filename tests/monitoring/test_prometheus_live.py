@@ -225,15 +225,22 @@ def load(stack: Stack) -> list[Served]:
 
     # Two waves. A histogram series is born at its first observation, so Prometheus must
     # scrape the first wave before the second for rate() to see requests at all (what a
-    # fleet in steady state always shows).
+    # fleet in steady state always shows). The engine's own histograms (tokens per step,
+    # grammar compiles) reach Ray's exporter on the replica's stats snapshots, which can
+    # trail the requests' on a busy host: wait for those series as well.
     served = run(
         [(completion, i) for i in range(4)]
         + [(streamed_chat, i) for i in range(2)]
         + [(constrained, i) for i in range(2)]
     )
+    first_wave = (
+        "sum(ray_kvray_time_to_first_token_seconds_count)",
+        "sum(ray_kvray_iteration_tokens_count)",
+        "sum(ray_kvray_grammar_compile_seconds_count)",
+    )
     wait_for(
-        lambda: stack.scalar("sum(ray_kvray_time_to_first_token_seconds_count)"),
-        lambda v: v is not None and v >= len(served),
+        lambda: [stack.scalar(q) for q in first_wave],
+        lambda v: None not in v and v[0] >= len(served) and min(v[1:]) > 0,
         "the first wave in Prometheus",
     )
     served += run(

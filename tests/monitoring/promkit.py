@@ -280,3 +280,11 @@ def rule_expressions() -> list[tuple[str, str]]:
 def referenced_metric_names(exprs: list[str]) -> set[str]:
     """Scraped metric names (ray_...) used by PromQL expressions."""
     return {m for e in exprs for m in re.findall(r"\bray_[a-zA-Z0-9_]+", e)}
+
+
+def dashboard_histograms() -> set[str]:
+    """The scraped histograms (ray_...) the dashboard's queries read the buckets of, but those
+    of events a load may not cause (EVENT_METRICS)."""
+    exprs = [e for _, e in dashboard_queries(load_dashboard(), {"__rate_interval": "5m"})]
+    names = {m for e in exprs for m in re.findall(r"\b(ray_[a-zA-Z0-9_]+)_bucket\b", e)}
+    return {n for n in names if n.removeprefix("ray_") not in EVENT_METRICS}

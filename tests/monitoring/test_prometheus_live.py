@@ -35,6 +35,7 @@ from tests.monitoring.promkit import (
     KVRAY_METRICS,
     MONITORING,
     RULES_DIR,
+    dashboard_histograms,
     dashboard_queries,
     kvray_exposition,
     load_dashboard,
@@ -118,12 +119,11 @@ def stack(ray_session: RaySession, serve_ports: ServePorts) -> Iterator[Stack]:
         serve.run(build_app(config), name=APP, route_prefix=PREFIX)
 
         log = tmp / "prometheus.log"
-        data = tmp / "data"
         proc = subprocess.Popen(
             [
                 prometheus,
                 f"--config.file={_prometheus_config(tmp, metrics_port)}",
-                f"--storage.tsdb.path={data}",
+                f"--storage.tsdb.path={tmp / 'data'}",
                 # Port 0: Prometheus binds a free port itself and logs it (no race for one).
                 "--web.listen-address=127.0.0.1:0",
             ],
@@ -223,24 +223,17 @@ def load(stack: Stack) -> list[Served]:
         with ThreadPoolExecutor(max_workers=6) as pool:
             return list(pool.map(lambda job: job[0](job[1]), jobs))
 
-    # Two waves. A histogram series is born at its first observation, so Prometheus must
-    # scrape the first wave before the second for rate() to see requests at all (what a
-    # fleet in steady state always shows). The engine's own histograms (tokens per step,
-    # grammar compiles) reach Ray's exporter on the replica's stats snapshots, which can
-    # trail the requests' on a busy host: wait for those series as well.
+    # Two waves: a histogram series is born at its first observation (each exported at its own
+    # pace); Prometheus must have every one the dashboard rates before the second, for rate().
     served = run(
         [(completion, i) for i in range(4)]
         + [(streamed_chat, i) for i in range(2)]
         + [(constrained, i) for i in range(2)]
     )
-    first_wave = (
-        "sum(ray_kvray_time_to_first_token_seconds_count)",
-        "sum(ray_kvray_iteration_tokens_count)",
-        "sum(ray_kvray_grammar_compile_seconds_count)",
-    )
+    names = ["ray_kvray_time_to_first_token_seconds", *sorted(dashboard_histograms())]
     wait_for(
-        lambda: [stack.scalar(q) for q in first_wave],
-        lambda v: None not in v and v[0] >= len(served) and min(v[1:]) > 0,
+        lambda: [stack.scalar(f"sum({name}_count)") for name in names],
+        lambda v: None not in v and v[0] >= len(served),
         "the first wave in Prometheus",
     )
     served += run(

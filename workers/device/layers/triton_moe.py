@@ -133,9 +133,12 @@ def moe_experts(
     # Pairs of experts held elsewhere (expert parallelism) sort last and are never run.
     flat = torch.where((flat >= 0) & (flat < n_local), flat, n_local)
     order = torch.argsort(flat, stable=True)
+    # Pairs per expert with index_add_, not bincount: CUDA's bincount reads its largest input
+    # back to the host, the very sync this path exists to avoid.
+    counts = torch.zeros(n_local + 1, dtype=torch.int64, device=x.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
     seg = torch.zeros(n_local + 1, dtype=torch.int64, device=x.device)
-    counts = torch.bincount(flat, minlength=n_local + 1)[:n_local]
-    torch.cumsum(counts, 0, out=seg[1:])
+    torch.cumsum(counts[:n_local], 0, out=seg[1:])
     tokens = order // k
     gate_up = torch.empty((t * k, two_inter), dtype=x.dtype, device=x.device)
     grouped_linear(x, w13, tokens, seg, t, gate_up)

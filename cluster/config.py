@@ -158,6 +158,13 @@ class ServeConfig:
     attention_backend: str = _opt(  # workers/device/attention_backend.py
         "auto", "auto: torch (triton: opt-in on CUDA)", MODEL_GROUP, choices=ATTENTION_BACKENDS
     )
+    # workers/core/engine.py: schedule step N+1 while step N runs (one rank only).
+    async_scheduling: bool = _opt(
+        False,
+        "schedule and launch each engine step before the last one's tokens reach the host, so "
+        "the host's work overlaps the GPU's (tensor_parallel_size 1)",
+        MODEL_GROUP,
+    )
     ingress_replicas: int = _opt(1, "HTTP ingress replicas", REPLICAS_GROUP)
     grpc_max_message_bytes: int = _opt(
         4 * 1024 * 1024,
@@ -345,6 +352,7 @@ class ServeConfig:
             "served_model_name": self.model_name(),
             "device": None if self.device == "auto" else self.device,
             "attention_backend": self.attention_backend,
+            "async_scheduling": self.async_scheduling,
             "step_timeout_s": self.step_timeout_s,
             "grammar_timeout_s": self.grammar_timeout_s,
             "grammar_cache_size": self.grammar_cache_size,

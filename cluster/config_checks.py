@@ -139,6 +139,12 @@ def validate(cfg: Any) -> None:
         "attention_backend",
         f"must be one of {', '.join(ATTENTION_BACKENDS)}",
     )
+    need(isinstance(cfg.async_scheduling, bool), "async_scheduling", "must be a boolean")
+    need(
+        not cfg.async_scheduling or cfg.tensor_parallel_size == 1,
+        "async_scheduling",
+        "needs tensor_parallel_size 1 (only rank 0 samples)",
+    )
     need(
         cfg.autoscaling_policy in AUTOSCALING_POLICIES,
         "autoscaling_policy",

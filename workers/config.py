@@ -191,6 +191,8 @@ class SchedulerConfig:
     # otherwise); the checkpoint's default is capped to the KV cache instead (fit_to_kv_cache).
     max_model_len_explicit: bool = False
     priority_aging_s: float = DEFAULT_PRIORITY_AGING_S
+    # Schedule step N+1 while step N runs on the device (EngineArgs.async_scheduling).
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,10 @@ class EngineArgs:
     max_loras: int = DEFAULT_MAX_LORAS
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     max_cpu_loras: int | None = None  # None: max(DEFAULT_MAX_CPU_LORAS, max_loras)
+    # Schedule and launch step N+1 before step N's tokens reach the host, so the host's work
+    # (scheduling, detokenizing, stop checks) overlaps the device's (workers/core/engine.py).
+    # One rank only; a step after a constrained or penalised sequence's waits for its tokens.
+    async_scheduling: bool = False
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -278,6 +284,11 @@ class EngineArgs:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.async_scheduling and self.tensor_parallel_size != 1:
+            raise ValueError(
+                "async_scheduling needs tensor_parallel_size 1: only rank 0 samples, so the "
+                f"other ranks cannot read a step's tokens (got {self.tensor_parallel_size})"
             )
         limit = model.max_position_embeddings
         if model.sliding_window:
@@ -306,6 +317,7 @@ class EngineArgs:
                 max_num_batched_tokens=batched,
                 max_model_len_explicit=self.max_model_len is not None,
                 priority_aging_s=self.priority_aging_s,
+                async_scheduling=bool(self.async_scheduling),
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, step_timeout_s=self.step_timeout_s

@@ -48,6 +48,7 @@ NO_PREFIX = "kvray-no-prefix-caching"
 TP1 = "kvray-tp1"
 COMPILED = "kvray-compiled"
 EAGER = "kvray-eager"
+SYNC = "kvray-sync"  # with --async-scheduling: the synchronous engine beside it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ATTENTION_BACKENDS,
         default="auto",
         help="kvray: the attention backend (default auto: the engine's choice)",
+    )
+    a(
+        "--async-scheduling",
+        action="store_true",
+        help="kvray: schedule each step while the last one runs (tensor-parallel size 1); "
+        "with --compare, kvray also runs synchronously, side by side",
     )
     a("--result-json", default=None, metavar="FILE", help="write the results as JSON")
 
@@ -165,6 +172,13 @@ def run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> list[str]:
     if not args.compare:
         return [NO_PREFIX if args.backend == "kvray" and args.no_prefix_caching else args.backend]
+    plan = _compare_plan(args)
+    if getattr(args, "async_scheduling", False):  # the overlap's win, side by side
+        plan.insert(plan.index("hf"), SYNC)
+    return plan
+
+
+def _compare_plan(args: argparse.Namespace) -> list[str]:
     if args.compile is not None:  # the compiled forward's win, measured side by side
         return ["kvray", EAGER if args.compile else COMPILED, "hf", "hf-cb"]
     if args.workload == "shared-prefix":
@@ -197,7 +211,7 @@ def _workload(args: argparse.Namespace, token_ids: list[int]) -> Workload:
 def _comparisons(by_name: dict[str, BenchResult]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     kv = by_name.get("kvray")
-    for other in ("hf", "hf-cb", NO_PREFIX, TP1, COMPILED, EAGER):
+    for other in ("hf", "hf-cb", NO_PREFIX, TP1, COMPILED, EAGER, SYNC):
         if kv is not None and other in by_name:
             out[f"kvray/{other}"] = ratios(kv, by_name[other])
     return out
@@ -243,6 +257,8 @@ def _run_backend(name: str, r: Run, skipped: dict[str, str]) -> BenchResult | No
             return run_kvray(r, prefix_caching=True, name=name, tensor_parallel_size=1)
         if name in (COMPILED, EAGER):
             return run_kvray(r, prefix_caching=True, name=name, compile=name == COMPILED)
+        if name == SYNC:
+            return run_kvray(r, prefix_caching=True, name=name, async_scheduling=False)
         if name == "hf":
             return run_hf(r)
         return run_hf_cb(r)

@@ -17,8 +17,10 @@ def run_kvray(
     name: str,
     tensor_parallel_size: int | None = None,
     compile: bool | None = None,
+    async_scheduling: bool | None = None,
 ) -> BenchResult:
-    """`compile`: None = the command's --compile/--no-compile (or the engine's default)."""
+    """`compile`: None = the command's --compile/--no-compile (or the engine's default);
+    `async_scheduling`: None = the command's --async-scheduling."""
     import torch
 
     from workers import LLM
@@ -27,6 +29,8 @@ def run_kvray(
     kwargs = llm_kwargs(r.args, r.model_dir, tp, prefix_caching)
     if compile is not None:
         kwargs["compile"] = compile
+    if async_scheduling is not None:
+        kwargs["async_scheduling"] = async_scheduling
     t_load = time.perf_counter()
     llm = LLM(**kwargs)
     startup_s = time.perf_counter() - t_load
@@ -114,6 +118,8 @@ def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict
         kwargs["compile"] = args.compile
     if getattr(args, "attention_backend", "auto") != "auto":
         kwargs["attention_backend"] = args.attention_backend
+    if getattr(args, "async_scheduling", False):
+        kwargs["async_scheduling"] = True
     return kwargs
 
 

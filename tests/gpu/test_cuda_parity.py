@@ -1,6 +1,7 @@
 """TP=1 greedy parity with transformers on CUDA in float32 (run by tests/gpu/check.sh): eager;
 compiled as by default (decode-only batches replay CUDA graphs of the torch.compile pieces,
-other steps run eagerly, workers/device/compile.py); and with the pieces compiled for every step."""
+other steps run eagerly, workers/device/compile.py); and with the pieces compiled for every step.
+The triton backend eager, with whole-step decode graphs, and with async scheduling."""
 
 from __future__ import annotations
 
@@ -16,19 +17,25 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.mark.parametrize(
-    ("compile", "min_tokens", "backend"),
+    ("compile", "min_tokens", "backend", "async_scheduling"),
     [
-        (False, None, "torch"),
-        (True, None, "torch"),
-        (True, 0, "torch"),
-        (False, None, "triton"),
-        (True, None, "triton"),
+        (False, None, "torch", False),
+        (True, None, "torch", False),
+        (True, 0, "torch", False),
+        (False, None, "triton", False),
+        (True, None, "triton", False),
+        (True, None, "triton", True),
     ],
-    ids=["eager", "graphs", "every-step", "triton-eager", "triton-graphs"],
+    ids=["eager", "graphs", "every-step", "triton-eager", "triton-graphs", "triton-graphs-async"],
 )
 @pytest.mark.parametrize("kind", KINDS)
 def test_cuda_greedy_matches_transformers(
-    kind: str, compile: bool, min_tokens: int | None, backend: str, tmp_path
+    kind: str,
+    compile: bool,
+    min_tokens: int | None,
+    backend: str,
+    async_scheduling: bool,
+    tmp_path,
 ) -> None:
     if backend == "triton":
         pytest.importorskip("triton")
@@ -47,6 +54,8 @@ def test_cuda_greedy_matches_transformers(
         compile_min_tokens=min_tokens,
         kv_cache_memory_bytes=1 << 30,
         attention_backend=backend,  # workers/device/attention_backend.py
+        # Decode steps read their last token from the device (workers/device/in_flight.py).
+        async_scheduling=async_scheduling,
     )
     assert llm.engine.executor.worker.attention_backend.name == backend
     compiled = llm.engine.executor.worker.forward.compiled

@@ -83,3 +83,42 @@ def test_the_forward_never_syncs(kind: str, compile: bool, tmp_path) -> None:
     if compile:  # decode steps replayed their graphs, under the same check
         assert checked.compiled.graphs.replays > 0
     llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager-async", "graphs-async"])
+def test_an_async_launch_never_syncs(compile: bool, tmp_path) -> None:
+    """With async scheduling a greedy step's launch (its upload, the placeholders' fill from
+    the last step's tokens, the forward, the argmax and the start of the copy to the host)
+    returns without waiting for the device: only `result()` waits, on an event."""
+    pytest.importorskip("triton")
+    from workers import LLM, SamplingParams
+
+    path = make_checkpoint("qwen3", tmp_path / "qwen3")
+    llm = LLM(
+        str(path),
+        dtype="bfloat16",
+        device="cuda",
+        compile=compile,
+        kv_cache_memory_bytes=1 << 30,
+        attention_backend="triton",
+        async_scheduling=True,
+    )
+    worker = llm.engine.executor.worker
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # Triton compiles on first launches
+    launch = worker.launch
+    ahead = []
+
+    def unsynced_launch(step: Any) -> Any:
+        with _no_sync():
+            pending = launch(step)
+        # Two unknown tokens: the last step's, read on the device, and this one's.
+        ahead.append(sum(s.num_placeholders == 2 for s in worker.states.values()))
+        return pending
+
+    worker.launch = unsynced_launch
+    llm.generate(prompts, params, use_tqdm=False)
+    assert max(ahead) == len(prompts)  # every decode ran ahead of the host
+    llm.engine.shutdown()

@@ -160,7 +160,10 @@ class BlockManager:
         """Registers the hashes of seq's blocks that are now full of computed tokens."""
         if not self.enable_caching:
             return
-        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        # Only tokens whose values are known: a step in flight may have computed past them
+        # (async scheduling's pending tokens).
+        computed = min(seq.num_computed_tokens, seq.num_tokens)
+        full = min(computed // self.block_size, len(seq.block_ids))
         hashes = self._hashes(seq, full)
         bs = self.block_size
         stored: list[int] = []  # one run of newly cached, chained blocks (one KV event)

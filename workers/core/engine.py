@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
@@ -32,7 +32,7 @@ from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats
 from workers.core.step import build_step_input
-from workers.executor.base import Executor, create_executor
+from workers.executor.base import Executor, PendingStep, Resolved, create_executor
 from workers.inputs import EngineInput, InputChecker
 from workers.lora.slots import LoraSlotTable
 from workers.outputs import QUEUE_TIMEOUT, RequestOutput, RequestOutputKind
@@ -42,6 +42,13 @@ from workers.structured.compiler import GrammarCompiler
 from workers.structured.decoding import StructuredDecoding
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Launched:
+    pending: PendingStep
+    # Some sequence's next step needs this step's token on the host (grammar, penalties).
+    host_bound: bool
 
 
 class LLMEngine:
@@ -78,6 +85,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
+        # Async scheduling: the step launched last, whose tokens the next step() processes.
+        self._in_flight: _Launched | None = None
         # Queue deadlines (time.monotonic()) of requests no step has taken yet.
         self._queue_deadlines: dict[str, float] = {}
         self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
@@ -223,6 +232,9 @@ class LLMEngine:
             self._expire_queued(touched)
         if self.structured.has_pending:
             self._start_grammars(touched)
+        if self._in_flight is not None and self._in_flight.host_bound:
+            self._finish(self._in_flight, touched)  # the next step needs its tokens first
+            self._in_flight = None
         sched = self.scheduler.schedule()
         if not sched.scheduled and self.structured.has_pending:
             self.structured.wait(0.01)  # nothing else to run: do not spin on the compile
@@ -240,8 +252,17 @@ class LLMEngine:
             finish_out_of_cache(seq)
             self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        if sched.scheduled:
-            self._execute(sched, touched)
+        launched = self._launch(sched) if sched.scheduled else None
+        # Async scheduling: the step before this one resolves only now, while the device runs
+        # the one just launched. Synchronous: the step just launched resolves at once.
+        if self._in_flight is not None:
+            self._finish(self._in_flight, touched)
+        self._in_flight = None
+        if launched is not None:
+            if self.config.scheduler.async_scheduling:
+                self._in_flight = launched
+            else:
+                self._finish(launched, touched)
         outputs: list[RequestOutput] = []
         for req in touched.values():
             if req.finished:
@@ -250,28 +271,51 @@ class LLMEngine:
                 outputs.append(request_delta_output(req))
         return outputs
 
-    def _execute(self, sched: SchedulerOutput, touched: dict[str, Request]) -> None:
-        """Runs the scheduled sequences one step and processes the sampled tokens."""
+    def _launch(self, sched: SchedulerOutput) -> _Launched:
+        """Sends the scheduled sequences' step to the workers. Each sequence whose step
+        samples gets a token in flight (Seq.num_pending) until `_finish` learns its value."""
         lora_loads = [] if self.lora_slots is None else self.lora_slots.take_loads()
         grammar = self.structured.bitmask(sched.scheduled)
         step = build_step_input(sched.scheduled, self._removed, grammar, lora_loads)
         self._removed = []
-        result = self.executor.execute(step)
+        if self.config.scheduler.async_scheduling:
+            pending = self.executor.launch(step)
+        else:
+            pending = Resolved(self.executor.execute(step))
+        self.num_steps += 1
+        self.step_token_counts.append(sched.num_batched_tokens)
+        host_bound = False
+        for seq, n in sched.scheduled:
+            seq.num_computed_tokens += n
+            # Blocks whose tokens are all known: the next schedule may already reuse them
+            # (the device runs steps in order, so their K/V is written before it is read).
+            self.block_manager.commit_full_blocks(seq)
+            if seq.num_computed_tokens == seq.num_planned_tokens and seq.params.pooling is None:
+                seq.num_pending += 1
+                # The next step of such a sequence needs this token on the host first: its
+                # grammar's mask, or its penalties' token counts, come from it.
+                host_bound = host_bound or seq.grammar is not None or seq.params.has_penalties
+        return _Launched(pending, host_bound)
+
+    def _finish(self, launched: _Launched, touched: dict[str, Request]) -> None:
+        """Processes a launched step's sampled tokens. A sequence that ended (or was aborted)
+        while its step was in flight drops its token."""
+        result = launched.pending.result()
         self.lora_load_seconds += result.lora_load_s
         if result.expert_tokens is not None:
             self.moe_expert_tokens = result.expert_tokens
         now = time.monotonic()
-        self.num_steps += 1
-        self.step_token_counts.append(sched.num_batched_tokens)
-        for seq, n in sched.scheduled:
-            seq.num_computed_tokens += n
-            self.block_manager.commit_full_blocks(seq)
         # Before the tokens: a first token may finish (and retire) a scored sequence.
         for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():
-            record_prompt_logprobs(self.seqs[sid], first_pos, entries)
+            seq = self.seqs.get(sid)
+            if seq is not None:
+                record_prompt_logprobs(seq, first_pos, entries)
         lps = result.logprobs
         for i, (sid, token) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
-            seq = self.seqs[sid]
+            seq = self.seqs.get(sid)
+            if seq is None:
+                continue
+            seq.num_pending -= 1
             if seq.first_token_time is None:
                 seq.first_token_time = now
                 if self.requests[seq.request_id].seqs[0] is seq:  # once per request
@@ -285,6 +329,8 @@ class LLMEngine:
                 finish_grammar_complete(seq)
             if seq.finish_reason is not None:
                 self._retire(seq)
+            else:
+                self.block_manager.commit_full_blocks(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
         if result.embeddings:
             self._pooled(result.embeddings, now, touched)

@@ -26,6 +26,9 @@ class Seq:
     # Cumulative tokens (prompt + outputs); appended in place as tokens are sampled.
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Tokens sampled by a step still in flight (async scheduling, workers/core/engine.py):
+    # scheduled for already, their values not yet known (0 or 1).
+    num_pending: int = 0
     block_ids: list[int] = field(default_factory=list)
     # Chained hashes of this sequence's full blocks, filled lazily by the block manager.
     block_hashes: list[int] = field(default_factory=list)
@@ -70,6 +73,11 @@ class Seq:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_planned_tokens(self) -> int:
+        """The tokens the scheduler plans with: the known ones and those in flight."""
+        return len(self.token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:

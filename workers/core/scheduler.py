@@ -140,7 +140,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.num_pending and self._ends_by_length(seq):
+                i += 1  # its token in flight ends it (async scheduling): nothing to compute
+                continue
+            n = min(seq.num_planned_tokens - seq.num_computed_tokens, budget)
             while not self.bm.allocate(seq, n):
                 if len(self.running) == 1 or self._never_fits(seq.num_computed_tokens + n):
                     # Larger than the whole cache (or alone, every other block free, and still
@@ -170,8 +173,10 @@ class Scheduler:
             if seq.gate is not None and not seq.gate.prefill_done and not seq.gate.finished:
                 skipped.append(self.waiting.popleft())  # wait for the sibling's prompt blocks
                 continue
-            if seq.grammar_pending:
-                skipped.append(self.waiting.popleft())  # its grammar is still compiling
+            if seq.grammar_pending or seq.num_pending:
+                # Its grammar is still compiling, or (preempted while a step sampled for it)
+                # its last token is not known yet.
+                skipped.append(self.waiting.popleft())
                 continue
             if seq.lora is not None:
                 slot = self.lora_slots.acquire(seq.lora)
@@ -204,6 +209,13 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
+
+    def _ends_by_length(self, seq: Seq) -> bool:
+        """Whether the tokens in flight bring seq to max_tokens or max_model_len."""
+        limit = seq.params.max_tokens
+        return (
+            limit is not None and seq.num_output_tokens + seq.num_pending >= limit
+        ) or seq.num_planned_tokens >= self.config.max_model_len
 
 
 def _count(counts: dict, key: object, delta: int) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from workers.compile_config import CompilationConfig
+from workers.config import EngineConfig
 from workers.device.layers.cpu_kernels import KernelState, kernel_state
 
 log = logging.getLogger(__name__)
@@ -105,3 +106,49 @@ class ModelForward:
             x = self.model.embed_tokens(input_ids)
             return self.direct.run(x, positions, kv_caches, meta)
         return self.model.hidden_states(input_ids, positions, kv_caches, meta)
+
+
+def build_forward(
+    model: torch.nn.Module,
+    config: EngineConfig,
+    device: torch.device,
+    tp_size: int,
+    progress: bool,
+    triton: bool = False,
+) -> tuple[ModelForward, int]:
+    """The worker's forward (workers/device/forward.py), its strategy chosen here once, and
+    the host bytes the packed bfloat16 weight copies added (negative: freed)."""
+    strategy = ForwardStrategy.choose(
+        device, config.torch_dtype, config.compilation, config.cpu_kernels, tp_size
+    )
+    packed_bytes, direct = 0, None
+    if strategy.kernels.on:
+        from workers.device.layers.cpu_kernels import on_amx_tiles, use_cpu_kernels
+        from workers.device.models.cpu_layers import CpuLayers
+
+        lib = strategy.kernels.lib
+        # The layers run the kernels as `kvray::` ops, eager and compiled alike; linears with
+        # exactly-bfloat16 weights read packed copies (their float32 weights freed).
+        packed_bytes = use_cpu_kernels(model, lib)
+        # Eager steps run the layers as direct kernel calls, without the modules'
+        # per-call Python (workers/device/models/cpu_layers.py).
+        direct = CpuLayers.from_model(model, lib)
+        if packed_bytes:
+            log.info(
+                "bfloat16 weights: the linear layers read packed bfloat16 copies "
+                "(%+.0f MiB of host memory), %s",
+                packed_bytes / 2**20,
+                "on the AMX tiles (float32-accurate)"
+                if on_amx_tiles(model)
+                else "with FMA kernels",
+            )
+    from workers.device.compile import compile_model
+    from workers.device.decode_graphs import full_graph_forward
+
+    if triton:  # whole-step decode graphs, captured with the KV cache (Worker.init_kv_cache)
+        compiled = full_graph_forward(
+            config.compilation, model, tp_size, config.scheduler.max_num_seqs
+        )
+    else:
+        compiled = compile_model(model, config.compilation, device, tp_size, progress)
+    return ModelForward(model, strategy, compiled, direct), packed_bytes

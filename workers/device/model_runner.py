@@ -30,6 +30,10 @@ class SeqState:
     lora_slot: int = -1  # the adapter slot it runs under (-1: the base model)
     # Mean pooling (workers/pooling.py): the normed hidden states summed over the chunks so far.
     pool_sum: torch.Tensor | None = None
+    # Trailing entries of token_ids this worker sampled whose values the engine has not sent
+    # yet (held as 0): the next step reads such a token from the device (workers/device/
+    # in_flight.py), and the engine's next diff overwrites them (`receive`).
+    num_placeholders: int = 0
     # Plain greedy: argmax suffices (no penalties, logprobs or min_tokens to enforce).
     plain_greedy: bool = field(init=False)
 
@@ -38,6 +42,21 @@ class SeqState:
         self.plain_greedy = (
             p.greedy and not p.has_penalties and p.logprobs is None and p.min_tokens == 0
         )
+
+    def receive(self, tokens: list[int]) -> None:
+        """The engine's tokens since its last diff: first the values of the placeholders (in
+        order), then tokens this worker has not seen."""
+        k = min(len(tokens), self.num_placeholders)
+        if k:
+            start = len(self.token_ids) - self.num_placeholders
+            self.token_ids[start : start + k] = tokens[:k]
+            self.num_placeholders -= k
+        self.token_ids.extend(tokens[k:])
+
+    def add_placeholder(self) -> None:
+        """This step samples the sequence's next token: it holds a place until it is known."""
+        self.token_ids.append(0)
+        self.num_placeholders += 1
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,17 @@ from workers.config import EngineConfig
 from workers.core.step import GrammarBitmask, StepInput, StepOutput
 from workers.device.attention_backend import AttentionBackend
 from workers.device.compile import CompiledForward
-from workers.device.decode_graphs import FullGraphForward, full_graph_forward
+from workers.device.decode_graphs import FullGraphForward
 from workers.device.distributed import TPGroup
-from workers.device.forward import ForwardStrategy, ModelForward
+from workers.device.forward import build_forward
 from workers.device.host_memory import anon_rss_bytes, peak_rss_bytes, rss_bytes
+from workers.device.in_flight import PendingOutput, SampledTokens, fill_placeholders
 from workers.device.layers.moe import SparseMoeBlock
-from workers.device.layers.sampler import greedy_tokens
+from workers.device.layers.sampler import SamplerOutput, greedy_tokens
 from workers.device.loader import load_weights
-from workers.device.model_runner import SeqState, prepare_inputs
+from workers.device.model_runner import ModelInput, SeqState, prepare_inputs
 from workers.device.models import build_model
-from workers.device.scoring import scoring_outputs
+from workers.device.scoring import ScoringOutputs, scoring_outputs
 from workers.device.step_buffers import StepBuffers
 from workers.device.triton_inputs import (
     DecodePadding,
@@ -81,6 +82,8 @@ class Worker:
         self.steps = 0
         self.execute_s = 0.0
         self.states: dict[str, SeqState] = {}
+        # The driver's last sampled tokens, on the device (workers/device/in_flight.py).
+        self.last_sampled: SampledTokens | None = None
         from workers.device.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
@@ -97,9 +100,10 @@ class Worker:
         self.attention_backend = AttentionBackend.choose(config.attention_backend, device.type)
         log.info("Attention backend: %s", self.attention_backend)
         triton = self.attention_backend.name == "triton"
-        self.forward, self.packed_bytes = _build_forward(
+        self.forward, self.packed_bytes = build_forward(
             self.model, config, device, tp.size, progress, triton
         )
+        log.info("CPU kernels: %s", self.forward.strategy.kernels)
         # The library the attention metadata hands the kernels (None: torch's paths).
         self.cpu_kernel = self.forward.strategy.kernels.lib
         # Query tokens per triton program (0: the torch path); the triton backend takes every
@@ -201,7 +205,7 @@ class Worker:
         for c in step.cached:
             s = states[c.seq_id]
             if c.new_token_ids:
-                s.token_ids.extend(c.new_token_ids)
+                s.receive(c.new_token_ids)
             if c.new_block_ids:
                 s.block_ids.extend(c.new_block_ids)
             s.num_computed_tokens = c.num_computed_tokens
@@ -227,29 +231,37 @@ class Worker:
         return {"cpu_kernels": str(self.forward.strategy.kernels), "forward": self.forward.path}
 
     def execute(self, step: StepInput) -> StepOutput | None:
+        """Runs one step and returns its output (None on the other ranks)."""
+        pending = self.launch(step)
+        return None if pending is None else pending.result()
+
+    def launch(self, step: StepInput) -> PendingOutput | None:
+        """Queues one step's forward and sampling on the device and starts its results'
+        copy to the host, without waiting for either (workers/device/in_flight.py)."""
         t0 = time.perf_counter()
         try:
             load_s = self._load_loras(step)
-            out = self._execute(step)
-            if out is not None:
-                out.lora_load_s = load_s
-                out.expert_tokens = self._expert_tokens_report()
-            return out
+            pending = self._execute(step)
+            if pending is not None:
+                pending.lora_load_s = load_s
+                pending.expert_tokens = self._expert_tokens_report()
+            return pending
         finally:
             self.steps += 1
             self.execute_s += time.perf_counter() - t0
 
     @torch.inference_mode()
-    def _execute(self, step: StepInput) -> StepOutput | None:
+    def _execute(self, step: StepInput) -> PendingOutput | None:
         order = self._apply(step)
         if not order:
-            return StepOutput([], []) if self.is_driver else None
+            return PendingOutput([], None, None, ScoringOutputs()) if self.is_driver else None
         if self.step_buffers is not None:
             inp = prepare_triton_inputs(
                 order, self.block_size, self.triton_block_q, self.step_buffers, self.decode_padding
             )
         else:
             inp = prepare_inputs(order, self.block_size, self.device, self.cpu_kernel)
+        fill_placeholders(inp, self.last_sampled)
         if inp.lora_rows:
             # Steps with adapter rows run eagerly (modules or direct kernel calls, whose
             # projections add the deltas); the compiled pieces serve base-model steps only.
@@ -267,24 +279,54 @@ class Worker:
         # Every rank takes the same branch (the same inputs): the LM head's gather is a
         # collective under tensor parallelism.
         logits = self.model.logits(x, inp.logits_indices) if len(inp.logits_indices) else None
-        if not self.is_driver:
-            return None
+        pending = self._sample(step, inp, x, logits) if self.is_driver else None
+        # After the sampling batch read the sequences' tokens so far: this step's go after.
+        for s in inp.sample_states:
+            s.add_placeholder()
+        return pending
+
+    def _sample(
+        self,
+        step: StepInput,
+        inp: ModelInput,
+        x: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> PendingOutput:
+        """The driver's part: prompt logprobs and embeddings, then the sampled tokens, whose
+        copy to the host starts here (and which the next step may read on the device)."""
         extras = scoring_outputs(self.model, x, logits, inp)
         rows = inp.sample_states
         ids = [s.seq_id for s in rows]
         if not rows:
-            return extras.attach(StepOutput([], []))
+            return PendingOutput([], None, None, extras)
         logits = logits[: len(rows)]
+        grammar = _grammar_rows(step.grammar, ids)
+        batch = None
         if all(s.plain_greedy for s in rows):
-            grammar = _grammar_rows(step.grammar, ids)
             if grammar is not None:  # greedy under a grammar: the argmax of allowed tokens
                 from workers.device.layers.logits_processors import mask_disallowed
 
                 rows_t = torch.tensor(grammar[0], dtype=torch.long, device=logits.device)
                 bits = grammar[1].to(logits.device, non_blocking=True)
                 logits = mask_disallowed(logits.float(), rows_t, bits)
-            return extras.attach(StepOutput(ids, greedy_tokens(logits).tolist()))
-        return extras.attach(self._sample(logits, rows, ids, step.grammar))
+            sampled = SamplerOutput(greedy_tokens(logits), None, None)
+        else:
+            from workers.device.layers.sampling_batch import SamplingBatch
+
+            if any(s.num_placeholders and s.params.has_penalties for s in rows):
+                # The engine waits for a penalised sequence's tokens (workers/core/engine.py).
+                raise RuntimeError("penalties over tokens not yet known to the host")
+            batch = SamplingBatch.build(
+                [s.params for s in rows],
+                [s.token_ids[: s.prompt_len] for s in rows],
+                [s.token_ids[s.prompt_len :] for s in rows],
+                device=logits.device,
+                vocab_size=logits.shape[-1],
+                grammar=grammar,
+            )
+            sampled = self.sampler(logits.float(), batch)
+        self.last_sampled = SampledTokens(sampled.token_ids, {sid: k for k, sid in enumerate(ids)})
+        return PendingOutput(ids, sampled.start_to_host(), batch, extras)
 
     def _expert_tokens_report(self) -> tuple[tuple[int, ...], ...] | None:
         """Every sparse layer's tokens per expert, about once a second (one host sync)."""
@@ -304,28 +346,6 @@ class Worker:
                 self.lora.load(slot, req)
         return time.perf_counter() - t0
 
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        rows: list[SeqState],
-        ids: list[str],
-        grammar: GrammarBitmask | None = None,
-    ) -> StepOutput:
-        from workers.device.layers.sampler import logprobs_to_dicts
-        from workers.device.layers.sampling_batch import SamplingBatch
-
-        batch = SamplingBatch.build(
-            [s.params for s in rows],
-            [s.token_ids[: s.prompt_len] for s in rows],
-            [s.token_ids[s.prompt_len :] for s in rows],
-            device=logits.device,
-            vocab_size=logits.shape[-1],
-            grammar=_grammar_rows(grammar, ids),
-        )
-        out = self.sampler(logits.float(), batch).to_host()
-        logprobs = logprobs_to_dicts(out, batch) if out.logprobs is not None else None
-        return StepOutput(ids, out.token_ids.tolist(), logprobs)
-
 
 def _triton_block_q(model: torch.nn.Module) -> int:
     """The triton backend's query tokens per program, from the model's (this rank's) heads."""
@@ -334,52 +354,6 @@ def _triton_block_q(model: torch.nn.Module) -> int:
 
     attn = next(m for m in model.modules() if isinstance(m, PagedAttention))
     return block_q_for(attn.num_heads, attn.num_kv_heads)
-
-
-def _build_forward(
-    model: torch.nn.Module,
-    config: EngineConfig,
-    device: torch.device,
-    tp_size: int,
-    progress: bool,
-    triton: bool = False,
-) -> tuple[ModelForward, int]:
-    """The worker's forward (workers/device/forward.py), its strategy chosen here once, and
-    the host bytes the packed bfloat16 weight copies added (negative: freed)."""
-    strategy = ForwardStrategy.choose(
-        device, config.torch_dtype, config.compilation, config.cpu_kernels, tp_size
-    )
-    log.info("CPU kernels: %s", strategy.kernels)
-    packed_bytes, direct = 0, None
-    if strategy.kernels.on:
-        from workers.device.layers.cpu_kernels import on_amx_tiles, use_cpu_kernels
-        from workers.device.models.cpu_layers import CpuLayers
-
-        lib = strategy.kernels.lib
-        # The layers run the kernels as `kvray::` ops, eager and compiled alike; linears with
-        # exactly-bfloat16 weights read packed copies (their float32 weights freed).
-        packed_bytes = use_cpu_kernels(model, lib)
-        # Eager steps run the layers as direct kernel calls, without the modules'
-        # per-call Python (workers/device/models/cpu_layers.py).
-        direct = CpuLayers.from_model(model, lib)
-        if packed_bytes:
-            log.info(
-                "bfloat16 weights: the linear layers read packed bfloat16 copies "
-                "(%+.0f MiB of host memory), %s",
-                packed_bytes / 2**20,
-                "on the AMX tiles (float32-accurate)"
-                if on_amx_tiles(model)
-                else "with FMA kernels",
-            )
-    from workers.device.compile import compile_model
-
-    if triton:  # whole-step decode graphs, captured with the KV cache (Worker.init_kv_cache)
-        compiled = full_graph_forward(
-            config.compilation, model, tp_size, config.scheduler.max_num_seqs
-        )
-    else:
-        compiled = compile_model(model, config.compilation, device, tp_size, progress)
-    return ModelForward(model, strategy, compiled, direct), packed_bytes
 
 
 def _grammar_rows(

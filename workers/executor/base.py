@@ -8,10 +8,28 @@ from workers.config import EngineConfig
 from workers.core.step import StepInput, StepOutput
 
 
+class PendingStep(Protocol):
+    """A launched step whose output may still be on its way (async scheduling)."""
+
+    def result(self) -> StepOutput: ...
+
+
+class Resolved:
+    """A step output already in hand, as a PendingStep."""
+
+    def __init__(self, output: StepOutput) -> None:
+        self._output = output
+
+    def result(self) -> StepOutput:
+        return self._output
+
+
 class Executor(Protocol):
     num_blocks: int
 
     def execute(self, step: StepInput) -> StepOutput: ...
+    # Starts the step and returns before its results reach the host, where the ranks allow.
+    def launch(self, step: StepInput) -> PendingStep: ...
     def timing(self) -> dict[str, float]: ...
     def info(self) -> dict[str, str]: ...
     def check_health(self) -> None: ...
@@ -35,6 +53,13 @@ class InProcessExecutor:
         out = self.worker.execute(step)
         assert out is not None
         return out
+
+    def launch(self, step: StepInput) -> PendingStep:
+        """The forward and sampling are queued on the device; the sampled tokens come back
+        in one non-blocking copy that `result()` waits for (workers/device/worker.py)."""
+        pending = self.worker.launch(step)
+        assert pending is not None
+        return pending
 
     def check_health(self) -> None:
         return None

@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.config import EngineConfig
 from workers.core.step import StepInput, StepOutput
+from workers.executor.base import Resolved
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,11 @@ class RayExecutor:
         results = self._get([a.execute.remote(step) for a in self.actors], "step")
         self.wall_s += time.perf_counter() - t0
         return results[0]
+
+    def launch(self, step: StepInput) -> Resolved:
+        """Synchronous: only rank 0 samples, so the other ranks could not take a step's
+        tokens from the device for the next one (async scheduling needs one rank)."""
+        return Resolved(self.execute(step))
 
     def timing(self) -> dict[str, float]:
         """Rank 0's step and collective time plus the engine-side wall time of the steps;

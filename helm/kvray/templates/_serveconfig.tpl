@@ -36,6 +36,7 @@ the application's own defaults apply.
 {{- if not (kindIs "invalid" $e.kvCacheMemoryBytes) }}{{ $_ := set $args "kv_cache_memory_bytes" (int64 $e.kvCacheMemoryBytes) }}{{ end }}
 {{- if not (kindIs "invalid" $e.maxNumBatchedTokens) }}{{ $_ := set $args "max_num_batched_tokens" (int64 $e.maxNumBatchedTokens) }}{{ end }}
 {{- if $e.enableExpertParallel }}{{ $_ := set $args "enable_expert_parallel" true }}{{ end }}
+{{- if $e.asyncScheduling }}{{ $_ := set $args "async_scheduling" true }}{{ end }}
 {{- /* LoRA adapters (docs/lora.md): their directories are read in the pods. */}}
 {{- $l := .Values.lora }}
 {{- if or $l.enabled $l.modules $l.runtimeLoading }}

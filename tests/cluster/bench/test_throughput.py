@@ -136,9 +136,13 @@ def test_compile_flag_runs_kvray_both_ways_side_by_side() -> None:
     assert plan == ["kvray", "kvray-eager", "hf", "hf-cb"]
     assert _plan(parser.parse_args(["--compare", "--no-compile"]))[1] == "kvray-compiled"
     assert parser.parse_args([]).compile is None  # the engine's default
+    # The overlap's win: the synchronous engine beside the async one.
+    assert _plan(parser.parse_args(["--compare", "--async-scheduling"])) == [
+        "kvray", "kvray-no-prefix-caching", "kvray-sync", "hf", "hf-cb"
+    ]  # fmt: skip
 
 
-def test_the_attention_backend_reaches_the_engine_only_when_chosen() -> None:
+def test_the_attention_backend_and_async_scheduling_reach_the_engine_only_when_chosen() -> None:
     import argparse
 
     from cluster.bench.throughput import add_arguments
@@ -149,6 +153,9 @@ def test_the_attention_backend_reaches_the_engine_only_when_chosen() -> None:
     assert "attention_backend" not in llm_kwargs(parser.parse_args([]), "m", 1, True)
     args = parser.parse_args(["--attention-backend", "triton"])
     assert llm_kwargs(args, "m", 1, True)["attention_backend"] == "triton"
+    assert "async_scheduling" not in llm_kwargs(args, "m", 1, True)
+    args = parser.parse_args(["--async-scheduling"])
+    assert llm_kwargs(args, "m", 1, True)["async_scheduling"] is True
 
 
 def test_a_failing_kvray_backend_is_reported_and_the_peers_still_run(tmp_path: Path) -> None:

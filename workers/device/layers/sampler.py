@@ -81,16 +81,56 @@ class SamplerOutput(NamedTuple):
     def to_host(self) -> SamplerOutput:
         """The same on the host, in one device-to-host copy (one wait for the device): the
         logprobs' float32 bits ride in int64 beside the ids, and come back bit for bit."""
-        return self if self.token_ids.device.type == "cpu" else self.packed_to_host()
+        return self.start_to_host().wait()
 
     def packed_to_host(self) -> SamplerOutput:
+        """Through the packed copy, whatever the device (the CPU path skips it)."""
+        return _unpack(self._packed().cpu(), self.logprobs is not None)
+
+    def start_to_host(self) -> HostCopy:
+        """Starts the copy without waiting for the device: on CUDA a non-blocking copy into
+        pinned memory, then an event the host waits on in `HostCopy.wait` (async scheduling
+        launches the next step in between)."""
+        if self.token_ids.device.type == "cpu":
+            return HostCopy(self, None, None)
+        packed = self._packed()
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return HostCopy(None, event, host, self.logprobs is not None)
+
+    def _packed(self) -> Tensor:
+        """[B] token ids, or [B, 1 + 2(N+1)]: ids, logprob ids, the logprobs' float32 bits."""
         if self.logprobs is None or self.logprob_token_ids is None:
-            return SamplerOutput(self.token_ids.cpu(), None, None)
-        n = self.logprobs.shape[1]
+            return self.token_ids
         bits = self.logprobs.contiguous().view(torch.int32).to(torch.int64)
-        packed = torch.cat([self.token_ids[:, None], self.logprob_token_ids, bits], dim=1).cpu()
-        values = packed[:, 1 + n :].to(torch.int32).view(torch.float32)
-        return SamplerOutput(packed[:, 0], values, packed[:, 1 : 1 + n])
+        return torch.cat([self.token_ids[:, None], self.logprob_token_ids, bits], dim=1)
+
+
+class HostCopy(NamedTuple):
+    """A SamplerOutput on its way to the host: on CUDA a pinned buffer that holds the packed
+    copy once `event` has completed; on CPU the output itself."""
+
+    output: SamplerOutput | None
+    event: torch.cuda.Event | None = None
+    buffer: Tensor | None = None
+    has_logprobs: bool = False
+
+    def wait(self) -> SamplerOutput:
+        if self.output is not None:
+            return self.output
+        assert self.event is not None and self.buffer is not None
+        self.event.synchronize()
+        return _unpack(self.buffer, self.has_logprobs)
+
+
+def _unpack(packed: Tensor, has_logprobs: bool) -> SamplerOutput:
+    if not has_logprobs:
+        return SamplerOutput(packed, None, None)
+    n = (packed.shape[1] - 1) // 2
+    values = packed[:, 1 + n :].to(torch.int32).view(torch.float32)
+    return SamplerOutput(packed[:, 0], values, packed[:, 1 : 1 + n])
 
 
 class Sampler:

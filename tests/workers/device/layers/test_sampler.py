@@ -260,6 +260,10 @@ def test_results_reach_the_host_in_one_copy_bit_for_bit(device: str) -> None:
     assert on_device.to_host().logprobs.view(torch.int32).equal(values.view(torch.int32))
     plain = SamplerOutput(torch.tensor([5]).to(device), None, None).to_host()
     assert plain.token_ids.tolist() == [5] and plain.logprobs is None
+    # Started without waiting (pinned memory and an event on CUDA), read after wait().
+    started = on_device.start_to_host().wait()
+    assert started.token_ids.tolist() == [7, 2] and started.logprob_token_ids.equal(ids)
+    assert started.logprobs.view(torch.int32).equal(values.view(torch.int32))
 
 
 def test_no_logprobs_requested_means_none_returned() -> None:

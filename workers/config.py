@@ -10,12 +10,7 @@ from typing import Any
 
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
-from workers.lora.config import (
-    DEFAULT_MAX_CPU_LORAS,
-    DEFAULT_MAX_LORA_RANK,
-    DEFAULT_MAX_LORAS,
-    LoraConfig,
-)
+from workers.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 from workers.rope_config import RopeConfig
 
@@ -254,9 +249,7 @@ class EngineArgs:
     max_loras: int = DEFAULT_MAX_LORAS
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     max_cpu_loras: int | None = None  # None: max(DEFAULT_MAX_CPU_LORAS, max_loras)
-    # Schedule and launch step N+1 before step N's tokens reach the host, so the host's work
-    # (scheduling, detokenizing, stop checks) overlaps the device's (workers/core/engine.py).
-    # One rank only; a step after a constrained or penalised sequence's waits for its tokens.
+    # Launch step N+1 before step N's tokens reach the host (workers/core/engine.py).
     async_scheduling: bool = False
 
     def create_config(self) -> EngineConfig:
@@ -286,9 +279,8 @@ class EngineArgs:
                 f"got {self.attention_backend!r}"
             )
         if self.async_scheduling and self.tensor_parallel_size != 1:
-            raise ValueError(
-                "async_scheduling needs tensor_parallel_size 1: only rank 0 samples, so the "
-                f"other ranks cannot read a step's tokens (got {self.tensor_parallel_size})"
+            raise ValueError(  # only rank 0 samples: the others cannot read a step's tokens
+                f"async_scheduling needs tensor_parallel_size 1, got {self.tensor_parallel_size}"
             )
         limit = model.max_position_embeddings
         if model.sliding_window:
@@ -335,16 +327,10 @@ class EngineArgs:
             ),
             cpu_kernels=bool(self.cpu_kernels),
             attention_backend=self.attention_backend,
-            lora=self._lora_config(),
+            lora=LoraConfig.from_args(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+            if self.enable_lora
+            else None,
         )
-
-    def _lora_config(self) -> LoraConfig | None:
-        if not self.enable_lora:
-            return None
-        cpu = self.max_cpu_loras
-        if cpu is None and isinstance(self.max_loras, int):
-            cpu = max(DEFAULT_MAX_CPU_LORAS, self.max_loras)
-        return LoraConfig(self.max_loras, self.max_lora_rank, cpu)
 
 
 def fit_to_kv_cache(config: EngineConfig, kv_cache_tokens: int) -> EngineConfig:

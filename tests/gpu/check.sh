@@ -12,9 +12,10 @@
 #           torch backend with its piecewise graphs, one after the other;
 #   profile tests/gpu/step_profile.py (not run by default): decode ms/step at batch 1-128 and
 #           a prefill step, eager against compiled, and a torch.profiler table of each;
-#   bench   `kvray bench throughput --compare --compile --attention-backend triton` in bf16 on
-#           the same checkpoint: kvray with decode graphs, kvray eager, transformers generate
-#           and generate_batch on one workload, with the bf16 matmul peak.
+#   bench   `kvray bench throughput --compare --compile --attention-backend triton
+#           --async-scheduling` in bf16 on the same checkpoint: kvray with decode graphs and
+#           async scheduling, kvray eager, kvray synchronous, transformers generate and
+#           generate_batch on one workload, with the bf16 matmul peak.
 # Ray is not needed: the offline engine runs TP=1 in-process.
 # Usage: bash tests/gpu/check.sh [OUT_DIR]   (PY: a Python with a CUDA build of torch;
 #        default .venv/bin/python, else python3; KVRAY_GPU_STAGES: a subset of the stages,
@@ -67,7 +68,8 @@ stage step 180 bash -c "rc=0; \
 stage profile 200 $PY tests/gpu/step_profile.py --model "$MODEL" --out "$OUT"
 
 stage bench 150 $PY -m cluster.cli.main bench throughput --model "$MODEL" \
-    --dtype bfloat16 --compare --compile --attention-backend triton --num-prompts "$PROMPTS" \
+    --dtype bfloat16 --compare --compile --attention-backend triton --async-scheduling \
+    --num-prompts "$PROMPTS" \
     --output-len-range 16 128 --result-json "$OUT/bench.json"
 
 echo

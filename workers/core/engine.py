@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
@@ -32,7 +32,8 @@ from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats
 from workers.core.step import build_step_input
-from workers.executor.base import Executor, PendingStep, Resolved, create_executor
+from workers.executor.base import Executor, create_executor
+from workers.executor.pending import Launched, Resolved
 from workers.inputs import EngineInput, InputChecker
 from workers.lora.slots import LoraSlotTable
 from workers.outputs import QUEUE_TIMEOUT, RequestOutput, RequestOutputKind
@@ -42,13 +43,6 @@ from workers.structured.compiler import GrammarCompiler
 from workers.structured.decoding import StructuredDecoding
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Launched:
-    pending: PendingStep
-    # Some sequence's next step needs this step's token on the host (grammar, penalties).
-    host_bound: bool
 
 
 class LLMEngine:
@@ -86,7 +80,7 @@ class LLMEngine:
         self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
         # Async scheduling: the step launched last, whose tokens the next step() processes.
-        self._in_flight: _Launched | None = None
+        self._in_flight: Launched | None = None
         # Queue deadlines (time.monotonic()) of requests no step has taken yet.
         self._queue_deadlines: dict[str, float] = {}
         self.eos_token_ids = tuple(config.model.eos_token_ids) or tuple(
@@ -271,7 +265,7 @@ class LLMEngine:
                 outputs.append(request_delta_output(req))
         return outputs
 
-    def _launch(self, sched: SchedulerOutput) -> _Launched:
+    def _launch(self, sched: SchedulerOutput) -> Launched:
         """Sends the scheduled sequences' step to the workers. Each sequence whose step
         samples gets a token in flight (Seq.num_pending) until `_finish` learns its value."""
         lora_loads = [] if self.lora_slots is None else self.lora_slots.take_loads()
@@ -295,9 +289,9 @@ class LLMEngine:
                 # The next step of such a sequence needs this token on the host first: its
                 # grammar's mask, or its penalties' token counts, come from it.
                 host_bound = host_bound or seq.grammar is not None or seq.params.has_penalties
-        return _Launched(pending, host_bound)
+        return Launched(pending, host_bound)
 
-    def _finish(self, launched: _Launched, touched: dict[str, Request]) -> None:
+    def _finish(self, launched: Launched, touched: dict[str, Request]) -> None:
         """Processes a launched step's sampled tokens. A sequence that ended (or was aborted)
         while its step was in flight drops its token."""
         result = launched.pending.result()

@@ -6,22 +6,7 @@ from typing import Protocol
 
 from workers.config import EngineConfig
 from workers.core.step import StepInput, StepOutput
-
-
-class PendingStep(Protocol):
-    """A launched step whose output may still be on its way (async scheduling)."""
-
-    def result(self) -> StepOutput: ...
-
-
-class Resolved:
-    """A step output already in hand, as a PendingStep."""
-
-    def __init__(self, output: StepOutput) -> None:
-        self._output = output
-
-    def result(self) -> StepOutput:
-        return self._output
+from workers.executor.pending import PendingStep
 
 
 class Executor(Protocol):

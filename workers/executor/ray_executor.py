@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.config import EngineConfig
 from workers.core.step import StepInput, StepOutput
-from workers.executor.base import Resolved
+from workers.executor.pending import Resolved
 
 log = logging.getLogger(__name__)
 

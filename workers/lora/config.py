@@ -27,3 +27,10 @@ class LoraConfig:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
             )
+
+    @staticmethod
+    def from_args(max_loras: int, max_lora_rank: int, max_cpu_loras: int | None) -> LoraConfig:
+        """EngineArgs' values; max_cpu_loras None: max(DEFAULT_MAX_CPU_LORAS, max_loras)."""
+        if max_cpu_loras is None and isinstance(max_loras, int):
+            max_cpu_loras = max(DEFAULT_MAX_CPU_LORAS, max_loras)
+        return LoraConfig(max_loras, max_lora_rank, max_cpu_loras)

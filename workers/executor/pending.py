@@ -1,0 +1,31 @@
+"""A launched step's output, which may still be on its way to the host (async scheduling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from workers.core.step import StepOutput
+
+
+class PendingStep(Protocol):
+    def result(self) -> StepOutput: ...
+
+
+class Resolved:
+    """A step output already in hand, as a PendingStep."""
+
+    def __init__(self, output: StepOutput) -> None:
+        self._output = output
+
+    def result(self) -> StepOutput:
+        return self._output
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A step the engine launched, and whether the next step must wait for its tokens on the
+    host (a constrained sequence's next mask, a penalised one's counts, come from them)."""
+
+    pending: PendingStep
+    host_bound: bool

@@ -289,7 +289,7 @@ class LLMEngine:
                 # The next step of such a sequence needs this token on the host first: its
                 # grammar's mask, or its penalties' token counts, come from it.
                 host_bound = host_bound or seq.grammar is not None or seq.params.has_penalties
-        return Launched(pending, host_bound)
+        return Launched(pending, host_bound, self.config.scheduler.async_scheduling)
 
     def _finish(self, launched: Launched, touched: dict[str, Request]) -> None:
         """Processes a launched step's sampled tokens. A sequence that ended (or was aborted)
@@ -323,7 +323,7 @@ class LLMEngine:
                 finish_grammar_complete(seq)
             if seq.finish_reason is not None:
                 self._retire(seq)
-            else:
+            elif launched.ran_ahead:  # a block the launch could not enter: its token is known
                 self.block_manager.commit_full_blocks(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
         if result.embeddings:

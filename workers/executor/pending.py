@@ -29,3 +29,4 @@ class Launched:
 
     pending: PendingStep
     host_bound: bool
+    ran_ahead: bool  # launched before the previous step's tokens were known (async)

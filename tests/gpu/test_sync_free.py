@@ -87,9 +87,9 @@ def test_the_forward_never_syncs(kind: str, compile: bool, tmp_path) -> None:
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager-async", "graphs-async"])
 def test_an_async_launch_never_syncs(compile: bool, tmp_path) -> None:
-    """With async scheduling a greedy step's launch (its upload, the placeholders' fill from
-    the last step's tokens, the forward, the argmax and the start of the copy to the host)
-    returns without waiting for the device: only `result()` waits, on an event."""
+    """With async scheduling a step's launch (its upload, the placeholders' fill from the last
+    step's tokens, the forward, the sampling and the start of the copy to the host) returns
+    without waiting for the device: only `result()` waits, on an event."""
     pytest.importorskip("triton")
     from workers import LLM, SamplingParams
 
@@ -121,4 +121,16 @@ def test_an_async_launch_never_syncs(compile: bool, tmp_path) -> None:
     worker.launch = unsynced_launch
     llm.generate(prompts, params, use_tqdm=False)
     assert max(ahead) == len(prompts)  # every decode ran ahead of the host
+    # Sampled rows too: temperature, top-p without top-k (a full sort on CUDA, no probe),
+    # top-k, min-p, seeds, min_tokens and logprobs all reach the device without a sync.
+    sampled = [
+        SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=1.0, top_k=20, min_p=0.05, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=0.7, min_tokens=4, logprobs=3),
+        SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=1.0, seed=9, ignore_eos=True),
+    ]
+    ahead.clear()
+    llm.generate(prompts, sampled, use_tqdm=False)
+    assert max(ahead) >= 4
     llm.engine.shutdown()

@@ -219,7 +219,8 @@ def logprobs_to_dicts(output: SamplerOutput, batch: SamplingBatch) -> list[dict[
 
 
 def _neg_inf(like: Tensor) -> Tensor:
-    return torch.tensor(float("-inf"), dtype=like.dtype, device=like.device)
+    # A fill on the device: torch.tensor(value, device=...) would copy from the host and wait.
+    return torch.full((), float("-inf"), dtype=like.dtype, device=like.device)
 
 
 def _splitmix64(x: int) -> int:

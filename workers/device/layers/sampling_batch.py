@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -88,7 +89,9 @@ class SamplingBatch:
         pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
 
         # Per-row scalars travel to the device in one transfer (see _rows_to_device).
-        columns, candidates, top_p_probe = _filter_columns(params, greedy, vocab_size)
+        columns, candidates, top_p_probe = _filter_columns(
+            params, greedy, vocab_size, probe=device.type == "cpu"
+        )
         columns.update(_penalty_columns([params[i] for i in pen_rows]))
         t = _rows_to_device(columns, device)
         output_counts, prompt_mask = _token_tables(
@@ -122,7 +125,7 @@ class SamplingBatch:
             top_p_probe=top_p_probe,
             min_p=t.get("min_p"),
             penalty_rows=(
-                torch.tensor(pen_rows, dtype=torch.long, device=device)
+                _upload(torch.tensor(pen_rows), device)
                 if pen_rows and len(pen_rows) < num_rows
                 else None
             ),
@@ -143,17 +146,19 @@ class SamplingBatch:
             num_logprobs=num_logprobs,
             max_logprobs=min(max(requested), vocab_size) if requested else -1,
             grammar_rows=(
-                torch.tensor(grammar[0], dtype=torch.long, device=device) if grammar else None
+                _upload(torch.tensor(grammar[0], dtype=torch.long), device) if grammar else None
             ),
             grammar_bits=grammar[1].to(device, non_blocking=True) if grammar else None,
         )
 
 
 def _filter_columns(
-    params: list[SamplingParams], greedy: list[bool], vocab_size: int
+    params: list[SamplingParams], greedy: list[bool], vocab_size: int, probe: bool = True
 ) -> tuple[dict[str, list[float]], int, bool]:
     """Temperature / top-k / top-p / min-p columns some random row needs; see _mask_top_k_top_p
-    for the other two results."""
+    for the other two results. `probe`: a top-p row without top-k may try the best
+    _TOP_P_PROBE tokens first; checking that they sufficed reads a flag back to the host, so on
+    a GPU (where that sync would stall the next step's launch) such rows sort the vocabulary."""
     if all(greedy):
         return {}, 0, False
     rows = list(zip(params, greedy, strict=True))
@@ -173,7 +178,8 @@ def _filter_columns(
     # almost always reaches its mass within the best _TOP_P_PROBE tokens, so try those first.
     top_k_max = max((k for k in ks if k < vocab_size), default=0)
     unbounded = any(k >= vocab_size and top_p < 1.0 for k, top_p in zip(ks, top_ps, strict=True))
-    candidates = min(max(top_k_max, _TOP_P_PROBE if unbounded else 0), vocab_size)
+    probed = _TOP_P_PROBE if probe else vocab_size
+    candidates = min(max(top_k_max, probed if unbounded else 0), vocab_size)
     return columns, candidates, unbounded and candidates < vocab_size
 
 
@@ -220,10 +226,12 @@ def _min_tokens_block(params: SamplingParams) -> list[int]:
 
 def _row_col(lists: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
     """Flatten ragged per-row id lists into (row index, id) tensors for index_put."""
-    lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(lists)), lengths).to(device)
-    cols = torch.tensor(list(chain.from_iterable(lists)), dtype=torch.long, device=device)
-    return rows, cols
+    lengths = [len(x) for x in lists]
+    both = np.empty((2, sum(lengths)), dtype=np.int64)
+    both[0] = np.repeat(np.arange(len(lists)), lengths)
+    both[1] = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=both.shape[1])
+    on_device = _upload(torch.from_numpy(both), device)
+    return on_device[0], on_device[1]
 
 
 def _ones(lists: list[list[int]], device: torch.device) -> Tensor:
@@ -237,9 +245,17 @@ def _rows_to_device(columns: dict[str, list[float]], device: torch.device) -> di
     for name, values in columns.items():
         by_length.setdefault(len(values), []).append(name)
     for names in by_length.values():
-        stacked = torch.tensor([columns[n] for n in names], dtype=torch.float32, device=device)
+        stacked = _upload(torch.tensor([columns[n] for n in names], dtype=torch.float32), device)
         out.update(zip(names, stacked.unbind(0), strict=True))
     return out
+
+
+def _upload(host: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on the device without waiting for it: on CUDA through pinned memory and a
+    non-blocking copy (a copy from pageable memory waits for everything queued before it)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _column(tensors: dict[str, Tensor], name: str) -> Tensor | None:

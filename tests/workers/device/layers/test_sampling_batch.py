@@ -46,3 +46,21 @@ def test_min_tokens_holds_for_random_rows_and_explicit_block_lists() -> None:
     explicit = [[EOS, STOP]] * rows
     tokens = sample(min_tokens_logits(rows), params, blocked_token_ids=explicit).token_ids
     assert ((tokens != EOS) & (tokens != STOP)).all()
+
+
+# ------------------------------------------------------------------------------ top-p probe
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_top_p_rows_probe_only_on_the_cpu(device: str) -> None:
+    """A top-p row without top-k may look at its best 1,024 tokens first, which asks the host
+    whether they sufficed; off the CPU (a GPU: the sync would stall async scheduling) it sorts
+    the whole vocabulary instead, and the batch's tensors are built without a host round trip."""
+    from workers.device.layers.sampling_batch import SamplingBatch
+
+    vocab = 5000
+    params = [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.5)]
+    batch = SamplingBatch.build(params, [[1], [2]], [[], [3]], device=device, vocab_size=vocab)
+    on_cpu = device == "cpu"
+    assert batch.top_p_probe is on_cpu and (batch.candidates < vocab) is on_cpu
+    assert batch.top_p.device.type == device and batch.temperature.device.type == device

@@ -39,7 +39,7 @@ import torch
 
 from workers.device.compile import eager_only, progress_bar
 from workers.device.step_buffers import StepBuffers
-from workers.device.triton_inputs import DecodePadding, triton_layout
+from workers.device.triton_inputs import DecodePadding, triton_layout, upload_step
 
 log = logging.getLogger(__name__)
 
@@ -154,22 +154,11 @@ def _idle_step(
     buffers: StepBuffers, size: int, width: int, block_q: int
 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """A step of `size` padding rows in the graph layout, uploaded: what a capture runs."""
-    from workers.device.layers.attention import AttentionMetadata
-    from workers.device.layers.triton_metadata import TritonMetadata
-
     layout = triton_layout(size, size, size, width, 0)
     ids, pos, slots, real, lens, cu, p_seq, p_qoff, _tables, _ = buffers.host_views(layout)
     ids[:], pos[:], slots[:], real[:], lens[:], cu[:], p_qoff[:] = 0, 0, -1, 0, 0, 0, 0
     p_seq[:] = range(size)
-    d_ids, d_pos, d_slots, d_real, d_lens, d_cu, d_pseq, d_pqoff, d_tables, _ = buffers.upload()
-    meta = AttentionMetadata(
-        slot_mapping=d_slots,
-        num_decodes=size,
-        decode_block_tables=None,
-        decode_mask=None,
-        prefills=[],
-        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, size, d_real),
-    )
+    d_ids, d_pos, meta, _ = upload_step(buffers, size, block_q, size)
     return d_ids, d_pos, meta
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
+import torch
 
 from workers.compile_sizes import padded_size
 from workers.device.layers.attention import AttentionMetadata
@@ -146,17 +147,7 @@ def prepare_triton_inputs(
         p_seq[:] = prog_seq
         p_qoff[:] = prog_qoff
     logits[:] = logits_idx
-    d_ids, d_pos, d_slots, d_real, d_lens, d_cu, d_pseq, d_pqoff, d_tables, d_logits = (
-        buffers.upload()
-    )
-    meta = AttentionMetadata(
-        slot_mapping=d_slots,
-        num_decodes=len(decodes),
-        decode_block_tables=None,
-        decode_mask=None,
-        prefills=[],
-        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, graph, d_real),
-    )
+    d_ids, d_pos, meta, d_logits = upload_step(buffers, len(decodes), block_q, graph)
     return ModelInput(
         input_ids=d_ids,
         positions=d_pos,
@@ -167,3 +158,22 @@ def prepare_triton_inputs(
         pool_chunks=pool_chunks,
         lora_rows=lora_rows,
     )
+
+
+def upload_step(
+    buffers: StepBuffers, num_decodes: int, block_q: int, graph_size: int
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """Uploads the step written into `buffers`' host views (in `triton_layout` order); returns
+    its input ids, positions, attention metadata and logits rows, views of the device buffer."""
+    d_ids, d_pos, d_slots, d_real, d_lens, d_cu, d_pseq, d_pqoff, d_tables, d_logits = (
+        buffers.upload()
+    )
+    meta = AttentionMetadata(
+        slot_mapping=d_slots,
+        num_decodes=num_decodes,
+        decode_block_tables=None,
+        decode_mask=None,
+        prefills=[],
+        triton=TritonMetadata(d_tables, d_lens, d_cu, d_pseq, d_pqoff, block_q, graph_size, d_real),
+    )
+    return d_ids, d_pos, meta, d_logits

@@ -160,6 +160,24 @@ def wait_for(
     return last
 
 
+def until_rated(
+    scalar: Callable[[str], float | None], names: list[str], more: Callable[[int], object]
+) -> None:
+    """Until every histogram in `names` has a positive rate, runs `more(k)`, another small wave
+    of load: a series is born on the replica that first observes it, and has no increase for
+    rate() until that replica observes again (it may have met that kind of request last)."""
+
+    def flat() -> list[str]:
+        return [n for n in names if not scalar(f"sum(rate({n}_count[5m]))")]
+
+    for k in range(4):
+        try:
+            wait_for(flat, lambda v: v == [], "a rate for every histogram", timeout_s=20)
+            return
+        except AssertionError:
+            more(k)
+
+
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:

@@ -43,6 +43,7 @@ from tests.monitoring.promkit import (
     rule_expressions,
     run_promtool,
     scrape,
+    until_rated,
     wait_for,
 )
 
@@ -223,24 +224,23 @@ def load(stack: Stack) -> list[Served]:
         with ThreadPoolExecutor(max_workers=6) as pool:
             return list(pool.map(lambda job: job[0](job[1]), jobs))
 
-    # Two waves: a histogram series is born at its first observation (each exported at its own
-    # pace); Prometheus must have every one the dashboard rates before the second, for rate().
-    served = run(
-        [(completion, i) for i in range(4)]
-        + [(streamed_chat, i) for i in range(2)]
-        + [(constrained, i) for i in range(2)]
-    )
+    def wave(k: int, completions: int, chats: int, grammars: int) -> list[Served]:
+        return run(
+            [(completion, 100 * k + i) for i in range(completions)]
+            + [(streamed_chat, 100 * k + i) for i in range(chats)]
+            + [(constrained, 100 * k + i) for i in range(grammars)]
+        )
+
+    # Series are born at their first observation: Prometheus has them all before wave two.
+    served = wave(0, 4, 2, 2)
     names = ["ray_kvray_time_to_first_token_seconds", *sorted(dashboard_histograms())]
     wait_for(
         lambda: [stack.scalar(f"sum({name}_count)") for name in names],
         lambda v: None not in v and v[0] >= len(served),
         "the first wave in Prometheus",
     )
-    served += run(
-        [(completion, i) for i in range(4, 16)]
-        + [(streamed_chat, i) for i in range(2, 8)]
-        + [(constrained, i) for i in range(2, 4)]
-    )
+    served += wave(1, 12, 6, 2)
+    until_rated(stack.scalar, names, lambda k: served.extend(wave(2 + k, 2, 1, 2)))
 
     # Client errors, so the error panels and the code label have something to show.
     with pytest.raises(openai.BadRequestError):

@@ -20,12 +20,19 @@ from workers.core.engine import LLMEngine
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["thread", "process"])
+@pytest.fixture(
+    scope="module",
+    params=[(False, False), (True, False), (True, True)],
+    ids=["thread", "process", "process-async"],
+)
 def engine(demo_dir, request):  # noqa: ANN001, ANN201
-    """Both engine cores: a thread of this process, and a child process."""
-    eng = AsyncEngine(
-        EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20), process=request.param
+    """Both engine cores: a thread of this process, and a child process; the child also with
+    async scheduling (its steps launched ahead of their tokens), as a replica runs it."""
+    process, async_scheduling = request.param
+    args = EngineArgs(
+        model=str(demo_dir), kv_cache_memory_bytes=32 << 20, async_scheduling=async_scheduling
     )
+    eng = AsyncEngine(args, process=process)
     yield eng
     eng.shutdown()
 
@@ -131,16 +138,26 @@ def _summary(out: RequestOutput) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def reference_engine(demo_dir):  # noqa: ANN001, ANN201
-    eng = LLMEngine.from_args(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20))
-    yield eng
-    eng.shutdown()
+def reference_engines(demo_dir):  # noqa: ANN001, ANN201
+    """The offline engine, synchronous and with async scheduling: a step launched ahead may
+    hold a row whose sequence has just stopped, and a batch's shape changes a logprob's last
+    bits, so each core is compared with the engine scheduling as it does."""
+    engines = {
+        a: LLMEngine.from_args(
+            EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20, async_scheduling=a)
+        )
+        for a in (False, True)
+    }
+    yield engines
+    for eng in engines.values():
+        eng.shutdown()
 
 
 @pytest.mark.parametrize("kind", list(RequestOutputKind))
 def test_both_cores_give_the_engine_outputs_of_the_kind_asked(
-    engine: AsyncEngine, reference_engine: LLMEngine, kind: RequestOutputKind
+    engine: AsyncEngine, reference_engines: dict, kind: RequestOutputKind, request
 ) -> None:
+    reference_engine = reference_engines[request.node.callspec.params["engine"][1]]
     params = dataclasses.replace(KIND_PARAMS, output_kind=kind)
     prompt = f"the kind {kind.value} asks for"
     reference_engine.add_prompt(f"k-{kind.value}", prompt, params)

@@ -289,7 +289,8 @@ class LLMEngine:
                 # The next step of such a sequence needs this token on the host first: its
                 # grammar's mask, or its penalties' token counts, come from it.
                 host_bound = host_bound or seq.grammar is not None or seq.params.has_penalties
-        return Launched(pending, host_bound, self.config.scheduler.async_scheduling)
+        seqs = {seq.seq_id: seq for seq, _ in sched.scheduled}
+        return Launched(pending, seqs, host_bound, self.config.scheduler.async_scheduling)
 
     def _finish(self, launched: Launched, touched: dict[str, Request]) -> None:
         """Processes a launched step's sampled tokens. A sequence that ended (or was aborted)
@@ -301,13 +302,11 @@ class LLMEngine:
         now = time.monotonic()
         # Before the tokens: a first token may finish (and retire) a scored sequence.
         for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():
-            seq = self.seqs.get(sid)
-            if seq is not None:
+            if (seq := self._live(launched, sid)) is not None:
                 record_prompt_logprobs(seq, first_pos, entries)
         lps = result.logprobs
         for i, (sid, token) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
-            seq = self.seqs.get(sid)
-            if seq is None:
+            if (seq := self._live(launched, sid)) is None:
                 continue
             seq.num_pending -= 1
             if seq.first_token_time is None:
@@ -327,14 +326,20 @@ class LLMEngine:
                 self.block_manager.commit_full_blocks(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
         if result.embeddings:
-            self._pooled(result.embeddings, now, touched)
+            self._pooled(launched, result.embeddings, now, touched)
 
-    def _pooled(
-        self, embeddings: dict[str, list[float]], now: float, touched: dict[str, Request]
-    ) -> None:
+    def _live(self, launched: Launched, sid: str) -> Seq | None:
+        """The sequence a launched step computed for, unless it has ended since (aborted,
+        finished, or its request id already reused by a new request)."""
+        seq = launched.seqs.get(sid)
+        return seq if seq is not None and self.seqs.get(sid) is seq else None
+
+    def _pooled(self, launched: Launched, embeddings: dict[str, list[float]], now: float,
+                touched: dict[str, Request]) -> None:  # fmt: skip
         """Embedding requests whose prompt finished this step (workers/device/scoring.py)."""
         for sid, embedding in embeddings.items():
-            seq = self.seqs[sid]
+            if (seq := self._live(launched, sid)) is None:
+                continue
             # Its one result: the prompt counts as served, and TTFT is the time to it.
             seq.first_token_time = now
             self.prompt_tokens += seq.prompt_len

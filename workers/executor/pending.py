@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from workers.core.step import StepOutput
 
@@ -28,5 +28,6 @@ class Launched:
     host (a constrained sequence's next mask, a penalised one's counts, come from them)."""
 
     pending: PendingStep
+    seqs: dict[str, Any]  # seq_id -> the engine's Seq the step computed for
     host_bound: bool
     ran_ahead: bool  # launched before the previous step's tokens were known (async)

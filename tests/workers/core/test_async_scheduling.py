@@ -186,3 +186,22 @@ def test_no_step_runs_past_a_known_length(demo_dir, limit: str) -> None:  # noqa
         steps[mode] = (llm.engine.num_steps, out.outputs[0].token_ids)
         llm.engine.shutdown()
     assert steps[True] == steps[False]
+
+
+def test_a_reused_request_id_never_gets_its_predecessors_token(engines) -> None:  # noqa: ANN001
+    """Aborted while its step is in flight, then sent again under the same id: the token the
+    old sequence had coming is dropped, not appended to the new one."""
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    expected = engines[False].generate(["A second life"], params, use_tqdm=False)[0]
+    engine = engines[True].engine
+    engine.add_prompt("again", "A first life", params)
+    for _ in range(3):
+        engine.step()
+    assert engine._in_flight is not None
+    engine.abort("again")
+    engine.add_prompt("again", "A second life", params)
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.finished]
+    assert outs[0].outputs[0].token_ids == expected.outputs[0].token_ids
+    assert engine.block_manager.num_used_blocks == 0

@@ -172,6 +172,13 @@ class ServeConfig:
         NETWORK_GROUP,
         kind="size",
     )
+    # cluster/grpc_api/ingress.py: health checks and load balancers see NOT_SERVING this long
+    # before the listener closes (then in-flight calls get their grace).
+    grpc_drain_s: float = _opt(
+        5.0,
+        "seconds the gRPC ingress reports NOT_SERVING on shutdown before it stops listening",
+        NETWORK_GROUP,
+    )
     # Request bounds, checked at the ingress (cluster/ingress/limits.py) for HTTP and gRPC
     # alike: one request must not be able to stall a replica (n=100000) or make the ingress
     # hold and parse unbounded data. A request over one is a 400 naming the field and limit.

@@ -62,6 +62,7 @@ def validate(cfg: Any) -> None:
         "graceful_shutdown_timeout_s",
         "must be a number > 0",
     )
+    need(is_num(cfg.grpc_drain_s) and cfg.grpc_drain_s >= 0, "grpc_drain_s", "must be >= 0")
     need(
         is_int(cfg.stream_interval_ms) and 0 <= cfg.stream_interval_ms <= 10_000,
         "stream_interval_ms",

@@ -61,13 +61,14 @@ class GrpcSettings:
     host: str | None = None  # None: Serve's http_options.host ("127.0.0.1" for kvray serve)
     port: int | None = None  # None: Serve's grpc_options.port (9000)
     max_message_bytes: int = 4 * 1024 * 1024  # larger request messages: RESOURCE_EXHAUSTED
-    drain_s: float = 5.0  # NOT_SERVING before the listener closes, on shutdown
+    drain_s: float = 5.0  # NOT_SERVING before the listener closes, on shutdown (--grpc-drain-s)
     grace_s: float = 20.0  # then in-flight RPCs get this long to finish
     pin_to_head: bool = True
 
     @staticmethod
     def from_config(config: ServeConfig, **overrides: Any) -> GrpcSettings:
-        return GrpcSettings(max_message_bytes=config.grpc_max_message_bytes, **overrides)
+        base = {"max_message_bytes": config.grpc_max_message_bytes, "drain_s": config.grpc_drain_s}
+        return GrpcSettings(**{**base, **overrides})
 
 
 def grpc_options(port: int = DEFAULT_GRPC_PORT) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +55,17 @@ class App:
         return handle
 
 
+# The gRPC ingress's NOT_SERVING period on shutdown (--grpc-drain-s, 5 s by default): nothing
+# probes a test app's health while it is deleted, and each delete would wait it out.
+TEST_GRPC_DRAIN_S = 0.5
+
+
 def deploy(name: str, prefix: str, config: Any, ports: ServePorts, api_key: str | None) -> App:
     from ray import serve
 
     from cluster.app import build_app
 
+    config = replace(config, grpc_drain_s=TEST_GRPC_DRAIN_S)
     serve.run(build_app(config), name=name, route_prefix=prefix)
     return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), api_key)
 
@@ -150,6 +156,7 @@ def deploy_with_engine_env(
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
 
+    config = replace(config, grpc_drain_s=TEST_GRPC_DRAIN_S)
     opts = {**llm_server_options(config), **llm_options}
     opts["ray_actor_options"] = {**opts["ray_actor_options"], "runtime_env": {"env_vars": env}}
     llm = serve.deployment(LLMServer, **opts).bind(config)

@@ -27,6 +27,7 @@ from tests.cluster.grpc_api.grpc_helpers import wait_serving
 from tests.cluster.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.cluster.serve_helpers import (
     KV_CACHE_BYTES,
+    TEST_GRPC_DRAIN_S,
     App,
     ServePorts,
     free_port,
@@ -84,6 +85,7 @@ def traced(serve_ports: ServePorts) -> Iterator[Traced]:
 
     with OtlpReceiver() as receiver:
         config = ServeConfig(
+            grpc_drain_s=TEST_GRPC_DRAIN_S,
             otlp_endpoint=receiver.endpoint,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
             max_num_seqs=8,
@@ -91,7 +93,7 @@ def traced(serve_ports: ServePorts) -> Iterator[Traced]:
         grpc_port = free_port()
         llm = serve.deployment(LLMServer, **llm_server_options(config)).bind(config)
         grpc_ingress = bind_grpc_ingress(
-            config, llm, GrpcSettings(host="127.0.0.1", port=grpc_port)
+            config, llm, GrpcSettings(host="127.0.0.1", port=grpc_port, drain_s=TEST_GRPC_DRAIN_S)
         )
         ingress = serve.deployment(OpenAIIngress, **ingress_options(config))
         name, prefix = "kvray-traced", "/traced"

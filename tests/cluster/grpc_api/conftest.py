@@ -24,7 +24,7 @@ from tests.cluster.grpc_api.grpc_helpers import (
     Offline,
     wait_serving,
 )
-from tests.cluster.serve_helpers import API_KEY, ServePorts
+from tests.cluster.serve_helpers import API_KEY, TEST_GRPC_DRAIN_S, ServePorts
 from tests.cluster.serve_helpers import API_KEY_ENV as KEY_ENV
 
 
@@ -66,7 +66,9 @@ def cluster(offline: Offline, serve_ports: ServePorts) -> Iterator[Cluster]:
     # On the session's Ray and Serve (tests/conftest.py, which runs these modules before any
     # other kvray app takes Serve's gRPC port); replicas read the key from the environment
     # that instance started with.
-    config = ServeConfig(api_key_env=KEY_ENV, max_queued_requests=MAX_QUEUED)
+    config = ServeConfig(
+        grpc_drain_s=TEST_GRPC_DRAIN_S, api_key_env=KEY_ENV, max_queued_requests=MAX_QUEUED
+    )
     serve.run(build_app(config), name="kvray", route_prefix="/")
     try:
         wait_serving(serve_ports.grpc)

@@ -36,6 +36,7 @@ from tests.cluster.serve_helpers import (
     API_KEY,
     API_KEY_ENV,
     KV_CACHE_BYTES,
+    TEST_GRPC_DRAIN_S,
     App,
     ServePorts,
     free_port,
@@ -79,6 +80,7 @@ def app(
     adapter_config = json.loads((bad / "adapter_config.json").read_text())
     (bad / "adapter_config.json").write_text(json.dumps({**adapter_config, "use_dora": True}))
     config = ServeConfig(
+        grpc_drain_s=TEST_GRPC_DRAIN_S,
         num_replicas=1,
         api_key_env=API_KEY_ENV,
         kv_cache_memory_bytes=KV_CACHE_BYTES,

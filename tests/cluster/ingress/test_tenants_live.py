@@ -25,6 +25,7 @@ import yaml
 
 from cluster.config import ServeConfig
 from tests.cluster.serve_helpers import (
+    TEST_GRPC_DRAIN_S,
     App,
     RaySession,
     ServePorts,
@@ -76,6 +77,7 @@ def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> It
     keys = tmp_path_factory.mktemp("tenants") / "keys.yaml"
     keys.write_text(yaml.safe_dump(KEYS))
     config = ServeConfig(
+        grpc_drain_s=TEST_GRPC_DRAIN_S,
         num_replicas=1,
         kv_cache_memory_bytes=1 << 22,
         max_num_seqs=1,

@@ -26,7 +26,7 @@ from cluster.cli import serve as serve_cmd
 from cluster.cli.flags import config_from_flags
 from cluster.cli.ports import port_in_use, serve_haproxies
 from cluster.serve_env import LOCAL_PORT_KEYS
-from tests.cluster.serve_helpers import KV_CACHE_BYTES, ServePorts, free_port
+from tests.cluster.serve_helpers import KV_CACHE_BYTES, TEST_GRPC_DRAIN_S, ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -119,6 +119,8 @@ class ServeProcess:
                 str(ports.http),
                 "--grpc-port",
                 str(ports.grpc),
+                "--grpc-drain-s",  # nothing probes it here: no NOT_SERVING wait on each stop
+                str(TEST_GRPC_DRAIN_S),
                 *flags,
             ],  # fmt: skip
             cwd=REPO,

@@ -22,8 +22,8 @@ TOP_OPS = 12  # the most frequent ops kept in the JSON
 class StepClock:
     """Times each `Worker.execute` and, inside it, the forward and sampling, by wrapping the
     worker's attributes (instance attributes shadow its methods): the forward's start is marked
-    when the step's hidden states are asked for, its end after `_execute` returns, which is
-    after the sampled ids reached the host. CUDA: events; CPU: the host's clock."""
+    when the step's hidden states are asked for, its end after `_execute` returns, once the
+    sampled ids' copy to the host is queued (CUDA: events; CPU: the host's clock)."""
 
     def __init__(self, worker: Any, cuda: bool) -> None:
         self.cuda = cuda

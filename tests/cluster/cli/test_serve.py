@@ -1,8 +1,8 @@
 """`kvray serve`: flags and banner, and the real command joining a Ray cluster (--address),
-serving with an API key, and stopping cleanly on SIGTERM or on Ctrl-C while it deploys; on
-its own Ray instance: a taken port is a one-line error, SIGTERM drains an in-flight stream and
-leaves no process behind, and a start after Ray's processes were killed (HAProxy left over)
-works, its console showing kvray's lines and no INFO line of Ray's or Serve's."""
+serving with an API key, and stopping cleanly on SIGTERM or on Ctrl-C while it deploys; on its
+own Ray: a taken port is a one-line error, SIGTERM drains an in-flight stream and leaves no
+process behind, a start after Ray's processes were killed (HAProxy left over) works, and its
+console shows kvray's lines and no INFO line of Ray's or Serve's."""
 
 from __future__ import annotations
 
@@ -119,8 +119,8 @@ class ServeProcess:
                 str(ports.http),
                 "--grpc-port",
                 str(ports.grpc),
-                "--grpc-drain-s",  # nothing probes it here: no NOT_SERVING wait on each stop
-                str(TEST_GRPC_DRAIN_S),
+                "--grpc-drain-s",
+                str(TEST_GRPC_DRAIN_S),  # nothing probes these: a short drain
                 *flags,
             ],  # fmt: skip
             cwd=REPO,
@@ -314,8 +314,7 @@ def _sigterm_drains_an_in_flight_stream(server: ServeProcess, ports: ServePorts)
     finally:
         client.join(timeout=300)
     assert result.get("status") == 200 and result.get("done"), result
-    # Readiness fails with 503 at once (before Serve drops the route: 404), and a new
-    # request then is refused, not queued.
+    # Readiness fails at once (503 before Serve drops the route: 404); a new one is refused.
     assert ready == 503, (ready, server.text)
     assert refused in (503, 404, "closed"), refused
     rc = server.proc.wait(timeout=300)

@@ -207,6 +207,7 @@ def test_replica_actor_killed(
 def test_replica_removed_by_a_config_update(
     app: App, serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
 ) -> None:
+    _until_the_ingress_routes_to_both(app)
     load = start_load(app, serve_ports.grpc, requests)
     wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
     before = replica_stats(app, 2)
@@ -218,6 +219,23 @@ def test_replica_removed_by_a_config_update(
     wait_for(lambda: _running_replicas(app) == 1, "the scale-down", 60)
     (left,) = wait_until_idle(app, 1).values()
     assert left["kv_blocks_used"] == 0
+
+
+def _until_the_ingress_routes_to_both(app: App) -> None:
+    """The previous test replaced a replica; the HTTP ingress's router learns of the new one a
+    moment after Serve does. Short requests of varied prompts until both replicas served one,
+    so the load below is spread over both (each must have streams for the one Serve stops)."""
+
+    def served() -> dict[str, int]:
+        return {r: s["generation_tokens"] for r, s in replica_stats(app, 2).items()}
+
+    start, i = served(), 0
+    with httpx.Client(timeout=60) as http:
+        while sum(n > start.get(r, 0) for r, n in served().items()) < 2:
+            assert i < 200, "the ingress never routed to both replicas"
+            body = {"model": app.model, "prompt": [300 + i] * 20, "max_tokens": 1}
+            assert http.post(f"{app.base_url}/v1/completions", json=body).status_code == 200
+            i += 1
 
 
 def test_more_failures_than_max_migrations_is_a_clear_503(serve_ports: ServePorts) -> None:

@@ -290,7 +290,7 @@ class LLMEngine:
                 # grammar's mask, or its penalties' token counts, come from it.
                 host_bound = host_bound or seq.grammar is not None or seq.params.has_penalties
         seqs = {seq.seq_id: seq for seq, _ in sched.scheduled}
-        return Launched(pending, seqs, host_bound, self.config.scheduler.async_scheduling)
+        return Launched(pending, seqs, host_bound)
 
     def _finish(self, launched: Launched, touched: dict[str, Request]) -> None:
         """Processes a launched step's sampled tokens. A sequence that ended (or was aborted)
@@ -322,7 +322,7 @@ class LLMEngine:
                 finish_grammar_complete(seq)
             if seq.finish_reason is not None:
                 self._retire(seq)
-            elif launched.ran_ahead:  # a block the launch could not enter: its token is known
+            elif self.config.scheduler.async_scheduling:  # a block its launch could not enter
                 self.block_manager.commit_full_blocks(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
         if result.embeddings:

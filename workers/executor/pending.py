@@ -30,4 +30,3 @@ class Launched:
     pending: PendingStep
     seqs: dict[str, Any]  # seq_id -> the engine's Seq the step computed for
     host_bound: bool
-    ran_ahead: bool  # launched before the previous step's tokens were known (async)

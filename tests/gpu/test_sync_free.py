@@ -42,6 +42,27 @@ class _Unsynced:
             return self._forward.hidden_states(*args)
 
 
+def _warm_triton_llm(path: Any, compile: bool, **engine: Any) -> tuple[Any, list, Any]:
+    """A bfloat16 engine on the triton backend that has run the test's prompts once (Triton
+    compiles each kernel on its first launch), with those prompts and greedy params."""
+    from workers import LLM, SamplingParams
+
+    llm = LLM(
+        str(path),
+        dtype="bfloat16",
+        device="cuda",
+        compile=compile,
+        kv_cache_memory_bytes=1 << 30,
+        attention_backend="triton",
+        **engine,
+    )
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    return llm, prompts, params
+
+
 @pytest.mark.parametrize(
     ("kind", "compile"),
     [("qwen3", False), ("qwen3", True), ("qwen3_moe", False)],
@@ -50,25 +71,13 @@ class _Unsynced:
 def test_the_forward_never_syncs(kind: str, compile: bool, tmp_path) -> None:
     pytest.importorskip("triton")
     from tests.moe_checkpoints import make_moe_checkpoint
-    from workers import LLM, SamplingParams
 
     if kind == "qwen3_moe":  # the experts as grouped GEMMs, no per-layer host sync
         path = make_moe_checkpoint(kind, tmp_path / kind, num_experts=8, top_k=2)
     else:
         path = make_checkpoint(kind, tmp_path / kind)
-    llm = LLM(
-        str(path),
-        dtype="bfloat16",
-        device="cuda",
-        compile=compile,
-        kv_cache_memory_bytes=1 << 30,
-        attention_backend="triton",
-    )
+    llm, prompts, params = _warm_triton_llm(path, compile)
     worker = llm.engine.executor.worker
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    llm.generate(prompts, params, use_tqdm=False)  # Triton compiles on first launches
     checked = _Unsynced(worker.forward)
     worker.forward = checked
     logits = worker.model.logits
@@ -91,23 +100,11 @@ def test_an_async_launch_never_syncs(compile: bool, tmp_path) -> None:
     step's tokens, the forward, the sampling and the start of the copy to the host) returns
     without waiting for the device: only `result()` waits, on an event."""
     pytest.importorskip("triton")
-    from workers import LLM, SamplingParams
+    from workers import SamplingParams
 
     path = make_checkpoint("qwen3", tmp_path / "qwen3")
-    llm = LLM(
-        str(path),
-        dtype="bfloat16",
-        device="cuda",
-        compile=compile,
-        kv_cache_memory_bytes=1 << 30,
-        attention_backend="triton",
-        async_scheduling=True,
-    )
+    llm, prompts, params = _warm_triton_llm(path, compile, async_scheduling=True)
     worker = llm.engine.executor.worker
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 3800) for _ in range(n)] for n in (1, 17, 64, 129, 300)]
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    llm.generate(prompts, params, use_tqdm=False)  # Triton compiles on first launches
     launch = worker.launch
     ahead = []
 

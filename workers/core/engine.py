@@ -286,9 +286,9 @@ class LLMEngine:
             self.block_manager.commit_full_blocks(seq)
             if seq.num_computed_tokens == seq.num_planned_tokens and seq.params.pooling is None:
                 seq.num_pending += 1
-                # The next step of such a sequence needs this token on the host first: its
-                # grammar's mask, or its penalties' token counts, come from it.
-                host_bound = host_bound or seq.grammar is not None or seq.params.has_penalties
+                # Its grammar's mask needs this token on the host (a penalty's counts do
+                # not: they live on the device, workers/device/penalty_counts.py).
+                host_bound = host_bound or seq.grammar is not None
         seqs = {seq.seq_id: seq for seq, _ in sched.scheduled}
         return Launched(pending, seqs, host_bound)
 

@@ -25,6 +25,7 @@ from workers.device.layers.sampler import SamplerOutput, greedy_tokens
 from workers.device.loader import load_weights
 from workers.device.model_runner import ModelInput, SeqState, prepare_inputs
 from workers.device.models import build_model
+from workers.device.penalty_counts import PenaltyCounts
 from workers.device.scoring import ScoringOutputs, scoring_outputs
 from workers.device.step_buffers import StepBuffers
 from workers.device.triton_inputs import (
@@ -87,6 +88,8 @@ class Worker:
         from workers.device.layers.sampler import Sampler
 
         self.sampler = Sampler(seed=config.seed)
+        # Penalised sequences' token counts on the device, made at the first such sequence.
+        self.penalty_counts: PenaltyCounts | None = None
         # LoRA adapters' device slots (None: the base model only), before the forward is built:
         # the direct kernel calls read each projection's slots (workers/lora/layers.py).
         # Mixture-of-experts layers, whose tokens per expert the driver reports to the engine.
@@ -186,8 +189,11 @@ class Worker:
 
     def _apply(self, step: StepInput) -> list[SeqState]:
         states = self.states
+        counts = self.penalty_counts
         for sid in step.removed:
             states.pop(sid, None)
+            if counts is not None:
+                counts.release(sid)
         order: list[SeqState] = []
         for n in step.new:
             s = SeqState(
@@ -201,6 +207,8 @@ class Worker:
                 n.lora_slot,
             )
             states[n.seq_id] = s
+            if counts is not None:  # sent whole again: its counts come from its tokens
+                counts.release(n.seq_id)
             order.append(s)
         for c in step.cached:
             s = states[c.seq_id]
@@ -311,22 +319,36 @@ class Worker:
                 logits = mask_disallowed(logits.float(), rows_t, bits)
             sampled = SamplerOutput(greedy_tokens(logits), None, None)
         else:
-            from workers.device.layers.sampling_batch import SamplingBatch
+            from workers.device.layers.sampling_batch import SamplingBatch, upload
 
-            if any(s.num_placeholders and s.params.has_penalties for s in rows):
-                # The engine waits for a penalised sequence's tokens (workers/core/engine.py).
-                raise RuntimeError("penalties over tokens not yet known to the host")
-            batch = SamplingBatch.build(
+            penalised = [k for k, s in enumerate(rows) if s.params.has_penalties]
+            tables, slot_t = self._penalty_tables([rows[k] for k in penalised], logits)
+            batch = SamplingBatch.assemble(
                 [s.params for s in rows],
-                [s.token_ids[: s.prompt_len] for s in rows],
-                [s.token_ids[s.prompt_len :] for s in rows],
+                [len(s.token_ids) - s.prompt_len for s in rows],
+                tables,
                 device=logits.device,
                 vocab_size=logits.shape[-1],
                 grammar=grammar,
             )
             sampled = self.sampler(logits.float(), batch)
+            if slot_t is not None:
+                rows_t = upload(torch.tensor(penalised, dtype=torch.long), logits.device)
+                self.penalty_counts.record(slot_t, rows_t, sampled.token_ids)
         self.last_sampled = SampledTokens(sampled.token_ids, {sid: k for k, sid in enumerate(ids)})
         return PendingOutput(ids, sampled.start_to_host(), batch, extras)
+
+    def _penalty_tables(
+        self, rows: list[SeqState], logits: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor | None, torch.Tensor | None], torch.Tensor | None]:
+        """The penalised rows' token tables from the device (workers/device/penalty_counts.py)
+        and their slots there; ((None, None), None) without such rows."""
+        if not rows:
+            return (None, None), None
+        if self.penalty_counts is None:
+            self.penalty_counts = PenaltyCounts(logits.shape[-1], logits.device)
+        slot_t, counts, mask = self.penalty_counts.tables(rows)
+        return (counts, mask), slot_t
 
     def _expert_tokens_report(self) -> tuple[tuple[int, ...], ...] | None:
         """Every sparse layer's tokens per expert, about once a second (one host sync)."""

@@ -83,10 +83,47 @@ class SamplingBatch:
         if not (len(prompt_token_ids) == len(output_token_ids) == num_rows):
             raise ValueError("params, prompt_token_ids and output_token_ids differ in length")
         device = torch.device(device)
-        positions = [len(out) for out in output_token_ids]
+        pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
+        tables = _token_tables(
+            [params[i] for i in pen_rows],
+            [prompt_token_ids[i] for i in pen_rows],
+            [output_token_ids[i] for i in pen_rows],
+            vocab_size,
+            device,
+        )
+        return cls.assemble(
+            params,
+            [len(out) for out in output_token_ids],
+            tables,
+            device=device,
+            vocab_size=vocab_size,
+            blocked_token_ids=blocked_token_ids,
+            grammar=grammar,
+        )
+
+    @classmethod
+    def assemble(
+        cls,
+        params: list[SamplingParams],
+        positions: list[int],
+        penalty_tables: tuple[Tensor | None, Tensor | None],
+        *,
+        device: torch.device | str,
+        vocab_size: int,
+        blocked_token_ids: list[list[int]] | None = None,
+        grammar: tuple[list[int], Tensor] | None = None,
+    ) -> SamplingBatch:
+        """`build` from each row's output length (`positions`) and the penalised rows' token
+        tables, already on the device: (output counts [P, V] float, prompt mask [P, V] bool
+        or None), P the rows with a penalty in row order; (None, None) when there are none.
+        The worker keeps those tables on the device from step to step
+        (workers/device/penalty_counts.py), so a step reads no output token lists."""
+        num_rows = len(params)
+        device = torch.device(device)
         greedy = [p.greedy for p in params]
         seeds = [p.seed for p in params]
         pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
+        output_counts, prompt_mask = penalty_tables
 
         # Per-row scalars travel to the device in one transfer (see _rows_to_device).
         columns, candidates, top_p_probe = _filter_columns(
@@ -94,13 +131,6 @@ class SamplingBatch:
         )
         columns.update(_penalty_columns([params[i] for i in pen_rows]))
         t = _rows_to_device(columns, device)
-        output_counts, prompt_mask = _token_tables(
-            [params[i] for i in pen_rows],
-            [prompt_token_ids[i] for i in pen_rows],
-            [output_token_ids[i] for i in pen_rows],
-            vocab_size,
-            device,
-        )
 
         if blocked_token_ids is None:
             blocked_token_ids = [
@@ -125,7 +155,7 @@ class SamplingBatch:
             top_p_probe=top_p_probe,
             min_p=t.get("min_p"),
             penalty_rows=(
-                _upload(torch.tensor(pen_rows), device)
+                upload(torch.tensor(pen_rows), device)
                 if pen_rows and len(pen_rows) < num_rows
                 else None
             ),
@@ -146,7 +176,7 @@ class SamplingBatch:
             num_logprobs=num_logprobs,
             max_logprobs=min(max(requested), vocab_size) if requested else -1,
             grammar_rows=(
-                _upload(torch.tensor(grammar[0], dtype=torch.long), device) if grammar else None
+                upload(torch.tensor(grammar[0], dtype=torch.long), device) if grammar else None
             ),
             grammar_bits=grammar[1].to(device, non_blocking=True) if grammar else None,
         )
@@ -230,7 +260,7 @@ def _row_col(lists: list[list[int]], device: torch.device) -> tuple[Tensor, Tens
     both = np.empty((2, sum(lengths)), dtype=np.int64)
     both[0] = np.repeat(np.arange(len(lists)), lengths)
     both[1] = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=both.shape[1])
-    on_device = _upload(torch.from_numpy(both), device)
+    on_device = upload(torch.from_numpy(both), device)
     return on_device[0], on_device[1]
 
 
@@ -245,12 +275,12 @@ def _rows_to_device(columns: dict[str, list[float]], device: torch.device) -> di
     for name, values in columns.items():
         by_length.setdefault(len(values), []).append(name)
     for names in by_length.values():
-        stacked = _upload(torch.tensor([columns[n] for n in names], dtype=torch.float32), device)
+        stacked = upload(torch.tensor([columns[n] for n in names], dtype=torch.float32), device)
         out.update(zip(names, stacked.unbind(0), strict=True))
     return out
 
 
-def _upload(host: Tensor, device: torch.device) -> Tensor:
+def upload(host: Tensor, device: torch.device) -> Tensor:
     """A host tensor on the device without waiting for it: on CUDA through pinned memory and a
     non-blocking copy (a copy from pageable memory waits for everything queued before it)."""
     if device.type != "cuda":

@@ -119,13 +119,28 @@ def test_an_async_launch_never_syncs(compile: bool, tmp_path) -> None:
     llm.generate(prompts, params, use_tqdm=False)
     assert max(ahead) == len(prompts)  # every decode ran ahead of the host
     # Sampled rows too: temperature, top-p without top-k (a full sort on CUDA, no probe),
-    # top-k, min-p, seeds, min_tokens and logprobs all reach the device without a sync.
+    # top-k, min-p, seeds, min_tokens, logprobs and penalties (their token counts stay on the
+    # device: workers/device/penalty_counts.py) all reach the device without a sync.
     sampled = [
         SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
-        SamplingParams(max_tokens=8, temperature=1.0, top_k=20, min_p=0.05, ignore_eos=True),
+        SamplingParams(
+            max_tokens=8,
+            temperature=1.0,
+            top_k=20,
+            min_p=0.05,
+            frequency_penalty=0.5,
+            ignore_eos=True,
+        ),
         SamplingParams(max_tokens=8, temperature=0.7, min_tokens=4, logprobs=3),
         SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, ignore_eos=True),
-        SamplingParams(max_tokens=8, temperature=1.0, seed=9, ignore_eos=True),
+        SamplingParams(
+            max_tokens=8,
+            temperature=1.0,
+            seed=9,
+            repetition_penalty=1.2,
+            presence_penalty=0.3,
+            ignore_eos=True,
+        ),
     ]
     ahead.clear()
     llm.generate(prompts, sampled, use_tqdm=False)

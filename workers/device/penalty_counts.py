@@ -61,9 +61,11 @@ class PenaltyCounts:
     def record(self, slot_t: Tensor, rows: Tensor, sampled: Tensor) -> None:
         """Counts this step's sampled tokens, on the device: `sampled[rows[i]]` into slot
         `slot_t[i]`."""
-        picked = sampled.index_select(0, rows)
-        ones = torch.ones(picked.shape, dtype=torch.float32, device=self.device)
-        self.counts.index_put_((slot_t, picked), ones, accumulate=True)
+        # index_add_ (atomic adds on CUDA) into the flat table: no host sync, and adding
+        # ones in any order gives the same integer counts.
+        flat = slot_t * self.vocab_size + sampled.index_select(0, rows)
+        ones = torch.ones(flat.shape, dtype=torch.float32, device=self.device)
+        self.counts.view(-1).index_add_(0, flat, ones)
 
     def _slot(self, state: SeqState) -> int:
         slot = self.slots.get(state.seq_id)
@@ -81,7 +83,7 @@ class PenaltyCounts:
         if outputs:
             ids = upload(torch.tensor(outputs, dtype=torch.long), self.device)
             ones = torch.ones(len(outputs), dtype=torch.float32, device=self.device)
-            self.counts[slot].index_put_((ids,), ones, accumulate=True)
+            self.counts[slot].index_add_(0, ids, ones)
         if params.repetition_penalty != 1.0 and self.prompt_mask is None:
             self.prompt_mask = torch.zeros(self.counts.shape, dtype=torch.bool, device=self.device)
         if self.prompt_mask is not None:
@@ -89,7 +91,7 @@ class PenaltyCounts:
             if params.repetition_penalty != 1.0 and prompt_len:
                 self.host_tokens_read += prompt_len
                 ids = upload(torch.tensor(tokens[:prompt_len], dtype=torch.long), self.device)
-                self.prompt_mask[slot, ids] = True
+                self.prompt_mask[slot].index_fill_(0, ids, True)
         return slot
 
     def _grow(self) -> None:

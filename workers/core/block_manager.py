@@ -18,6 +18,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import chain
 
 from workers.core.kv_events import KvEventRecorder
 from workers.core.request import Seq
@@ -59,6 +60,10 @@ class BlockManager:
         # Unreferenced blocks in least-recently-used order (front = evicted first).
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # hash -> block id
+        # Hashes dropped from `cached` so far (evictions, resets): until it moves, a block
+        # whose hash another block holds cannot be committed.
+        self.num_uncached = 0
+        self.commit_visits = 0  # blocks commit_full_blocks has looked at, in all
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
         # Off unless a KV-aware router listens: no recorder, no cost.
@@ -143,6 +148,7 @@ class BlockManager:
             if block.block_hash is not None:  # evict the LRU cached block
                 if self.cached.get(block.block_hash) == bid:
                     del self.cached[block.block_hash]
+                    self.num_uncached += 1
                     if self.kv_events is not None:
                         self.kv_events.removed([block.block_hash])
                 block.block_hash, block.tokens, block.parent_hash = None, None, None
@@ -157,22 +163,37 @@ class BlockManager:
         block.ref_count += 1
 
     def commit_full_blocks(self, seq: Seq) -> None:
-        """Registers the hashes of seq's blocks that are now full of computed tokens."""
+        """Registers the hashes of seq's blocks that are now full of computed tokens.
+
+        A watermark (`Seq.committed_blocks`) keeps a call to the blocks filled since the last
+        one: a block below it either has its hash (and keeps it while seq holds it) or is a
+        duplicate whose hash another block holds, looked at again only when some hash has
+        left the cache since (`num_uncached`), as a walk over every block would find it."""
         if not self.enable_caching:
             return
         # Only tokens whose values are known: a step in flight may have computed past them
         # (async scheduling's pending tokens).
         computed = min(seq.num_computed_tokens, seq.num_tokens)
         full = min(computed // self.block_size, len(seq.block_ids))
+        start = min(seq.committed_blocks, full)
+        again: list[int] = []
+        if seq.duplicate_blocks and seq.duplicates_seen_at != self.num_uncached:
+            again, seq.duplicate_blocks = seq.duplicate_blocks, []
+        seq.duplicates_seen_at = self.num_uncached
+        if start == full and not again:
+            return
         hashes = self._hashes(seq, full)
         bs = self.block_size
         stored: list[int] = []  # one run of newly cached, chained blocks (one KV event)
-        for i in range(full):
+        # Ascending, as a walk from block 0 visits them: the duplicates lie below `start`.
+        for i in chain(again, range(start, full)):
+            self.commit_visits += 1
             block = self.blocks[seq.block_ids[i]]
             if block.block_hash is not None:
                 continue
             h = hashes[i]
             if h in self.cached:  # another block already holds this content
+                seq.duplicate_blocks.append(i)
                 continue
             block.block_hash = h
             block.parent_hash = hashes[i - 1] if i else None
@@ -183,6 +204,7 @@ class BlockManager:
                     self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
                     stored = []
                 stored.append(h)
+        seq.committed_blocks = full
         if stored and self.kv_events is not None:
             self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
 
@@ -201,6 +223,7 @@ class BlockManager:
                 else:
                     self.free_queue[bid] = None
         seq.block_ids = []
+        seq.committed_blocks, seq.duplicate_blocks = 0, []
 
     def reset_prefix_cache(self) -> None:
         removed: list[int] = []
@@ -210,6 +233,7 @@ class BlockManager:
                 block.block_hash, block.tokens, block.parent_hash = None, None, None
                 del self.cached[h]
                 removed.append(h)
+        self.num_uncached += len(removed)
         if self.kv_events is not None:
             # Blocks in use stay cached: then it is a removal, not a clear.
             if self.cached:

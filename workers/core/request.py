@@ -32,6 +32,12 @@ class Seq:
     block_ids: list[int] = field(default_factory=list)
     # Chained hashes of this sequence's full blocks, filled lazily by the block manager.
     block_hashes: list[int] = field(default_factory=list)
+    # The block manager's commit watermark (BlockManager.commit_full_blocks): its first
+    # `committed_blocks` blocks need no second look, except `duplicate_blocks` (indices),
+    # whose hash another block held; they are looked at again once a hash leaves the cache.
+    committed_blocks: int = 0
+    duplicate_blocks: list[int] = field(default_factory=list)
+    duplicates_seen_at: int = 0  # the manager's `num_uncached` when they were last looked at
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     status: SeqStatus = SeqStatus.WAITING
     # The request's priority (lower is more urgent) and arrival (time.monotonic()), which

@@ -9,6 +9,10 @@ families, each picked to exercise a different loading/rope path in the engine:
 - qwen3:   q/k RMSNorm, head_dim != hidden/heads, tied embeddings, NEW spelling
 - mistral: MQA, linear rope scaling (factor 2), OLD spelling with the legacy "type" key
 
+By default config.json goes through the installed transformers' config class and
+`save_pretrained` (the spelling users' checkpoints carry); the kind's spelling above is what
+that class reads, and what `config_spelling` ("old" / "new") writes as it is.
+
 Weights are raw tensors written with safetensors (no transformers model is instantiated), drawn
 with a large std so greedy outputs vary, and every norm weight is random around 1 so a loader
 that forgets one is caught. Everything is seeded: the same call writes the same bytes.
@@ -142,11 +146,12 @@ def make_checkpoint(
 ) -> Path:
     """Write a tiny random HF checkpoint of `kind` (one of KINDS) into `path` and return it.
 
-    config_spelling: "old" (top-level rope_theta + rope_scaling) or "new" (rope_parameters);
-    None picks the kind's default (see the module docstring). sharded: split the weights over
-    two safetensors files plus model.safetensors.index.json. tokenizer_dir: where the tokenizer
-    files come from (default: the built-in demo checkpoint). dtype: the stored dtype, float32
-    or bfloat16 (as most published checkpoints are).
+    config_spelling: "old" (top-level rope_theta + rope_scaling) or "new" (rope_parameters),
+    written as such; None: saved by the installed transformers (`write_config`). sharded:
+    split the weights over two safetensors files plus model.safetensors.index.json.
+    tokenizer_dir: where the tokenizer files come from (default: the built-in demo
+    checkpoint). dtype: the stored dtype, float32 or bfloat16 (as most published checkpoints
+    are).
     """
     if kind not in _SPECS:
         raise ValueError(f"kind must be one of {sorted(_SPECS)}, got {kind!r}")
@@ -163,7 +168,7 @@ def make_checkpoint(
     path.mkdir(parents=True, exist_ok=True)
     vocab_size, special_ids = _copy_tokenizer(Path(tokenizer_dir), path)
     config = {**_config(spec, spelling, vocab_size, special_ids), "torch_dtype": dtype}
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_config(path, config, as_written=config_spelling is not None)
     # crc32 rather than hash(): hash() of str is randomised per process.
     tensors = _weights(spec, vocab_size, seed=seed * 1000003 + zlib.crc32(kind.encode()))
     import torch
@@ -171,6 +176,21 @@ def make_checkpoint(
     tensors = {name: t.to(getattr(torch, dtype)) for name, t in tensors.items()}
     _write_weights(tensors, path, sharded=sharded)
     return path
+
+
+def write_config(path: Path, config: dict[str, Any], *, as_written: bool) -> None:
+    """config.json: `config` as it is (`as_written`: a test of that spelling), or loaded into
+    the installed transformers' config class for its architecture and saved by its
+    `save_pretrained`, in the spelling checkpoints saved with that version carry."""
+    if as_written:
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return
+    import transformers
+
+    from workers.hf_config import CONFIG_CLASSES
+
+    cls = getattr(transformers, CONFIG_CLASSES[config["architectures"][0]])
+    cls.from_dict(config).save_pretrained(str(path))
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> tuple[int, dict[str, int]]:

@@ -20,12 +20,11 @@ Seeded: the same call writes the same bytes.
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.checkpoints import _copy_tokenizer, _write_weights
+from tests.checkpoints import _copy_tokenizer, _write_weights, write_config
 
 # Chosen so that greedy outputs vary (measured: most of 12 tokens distinct). With
 # tests.checkpoints' scales (0.15 everywhere, norm weights near 1) a random Gemma repeats one
@@ -46,7 +45,7 @@ LOCAL_THETA, GLOBAL_THETA = 10_000.0, 1_000_000.0
 def make_gemma_checkpoint(
     path: Path,
     *,
-    spelling: Literal["old", "new"] = "new",
+    spelling: Literal["old", "new"] | None = None,
     layer_types: tuple[str, ...] = (
         "sliding_attention",
         "full_attention",
@@ -68,10 +67,13 @@ def make_gemma_checkpoint(
     spelling "new": `rope_parameters` keyed by layer type and `layer_types` (its length is the
     layer count; num_layers is then ignored); "old": `rope_theta`, `rope_local_base_freq`,
     `rope_scaling` and `sliding_window_pattern` (transformers: layer i slides unless (i + 1)
-    is a multiple of it) over `num_layers` layers. global_rope_factor: the global layers'
-    linear rope scaling (1: none). extra_config: keys added to config.json last."""
+    is a multiple of it) over `num_layers` layers; either written as it is. None: the new
+    spelling saved by the installed transformers (tests.checkpoints.write_config).
+    global_rope_factor: the global layers' linear rope scaling (1: none). extra_config: keys
+    added to config.json last."""
     from workers.demo import demo_model_dir
 
+    written, spelling = spelling, spelling or "new"
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     vocab_size, special_ids = _copy_tokenizer(demo_model_dir(), path)
@@ -117,7 +119,7 @@ def make_gemma_checkpoint(
         config["rope_scaling"] = None if global_rope_factor == 1.0 else scaling
         config["sliding_window_pattern"] = sliding_window_pattern
     config.update(extra_config or {})
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_config(path, config, as_written=written is not None)
     tensors = _weights(layers, num_kv_heads, vocab_size, seed * 1000003 + zlib.crc32(b"gemma3"))
     import torch
 

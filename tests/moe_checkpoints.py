@@ -17,13 +17,20 @@ exercises. Seeded: the same call writes the same bytes.
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tests.checkpoints import _config, _copy_tokenizer, _Spec, _weights, _write_weights
+from tests.checkpoints import (
+    Spelling,
+    _config,
+    _copy_tokenizer,
+    _Spec,
+    _weights,
+    _write_weights,
+    write_config,
+)
 
 MOE_KINDS = ("qwen3_moe", "mixtral")
 
@@ -72,12 +79,16 @@ def make_moe_checkpoint(
     sharded: bool = False,
     dtype: str = "float32",
     seed: int = 0,
+    config_spelling: Spelling | None = None,
 ) -> Path:
     """Write a tiny random MoE checkpoint of `kind` (one of MOE_KINDS) into `path`.
 
     norm_topk_prob, mlp_only_layers, decoder_sparse_step and moe_intermediate_size are
     Qwen3-MoE settings (Mixtral has none of them: every layer is sparse, its experts
-    `intermediate_size` wide)."""
+    `intermediate_size` wide). config_spelling: config.json written as it is, in transformers
+    4.x's spelling ("old": rope_theta, and Qwen3-MoE's expert count as `num_experts`) or 5.x's
+    ("new": rope_parameters, `num_local_experts`); None: saved by the installed transformers
+    (tests.checkpoints.write_config). Mixtral's expert count is `num_local_experts` in both."""
     if kind not in _SPECS:
         raise ValueError(f"kind must be one of {sorted(_SPECS)}, got {kind!r}")
     spec = replace(_SPECS[kind], num_layers=num_layers)
@@ -86,18 +97,19 @@ def make_moe_checkpoint(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     vocab_size, special_ids = _copy_tokenizer(demo_model_dir(), path)
+    spelling = config_spelling or spec.default_spelling
     config = {
-        **_config(spec, spec.default_spelling, vocab_size, special_ids),
+        **_config(spec, spelling, vocab_size, special_ids),
         "torch_dtype": dtype,
         "num_experts_per_tok": top_k,
     }
+    new_names = kind == "mixtral" or spelling == "new"
+    config["num_local_experts" if new_names else "num_experts"] = num_experts
     if kind == "mixtral":
-        config["num_local_experts"] = num_experts
         sparse = list(range(num_layers))
         inter, names, block = spec.intermediate_size, ("w1", "w3", "w2"), "block_sparse_moe"
     else:
         config.update(
-            num_experts=num_experts,
             norm_topk_prob=norm_topk_prob,
             mlp_only_layers=list(mlp_only_layers),
             decoder_sparse_step=decoder_sparse_step,
@@ -109,7 +121,7 @@ def make_moe_checkpoint(
             if i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
         ]
         inter, names, block = moe_intermediate_size, ("gate_proj", "up_proj", "down_proj"), "mlp"
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_config(path, config, as_written=config_spelling is not None)
     seed = seed * 1000003 + zlib.crc32(kind.encode())
     tensors = _weights(spec, vocab_size, seed=seed)
     tensors.update(_experts(spec.hidden_size, inter, num_experts, sparse, names, block, seed))

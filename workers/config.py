@@ -10,6 +10,7 @@ from typing import Any
 
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
+from workers.hf_config import settled_config
 from workers.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 from workers.rope_config import RopeConfig
@@ -112,7 +113,6 @@ class ModelConfig:
                 f"unsupported architecture {archs!r} in {cfg_file}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        cfg = with_gemma_defaults(arch, cfg)
         missing = [
             k
             for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -120,6 +120,9 @@ class ModelConfig:
         ]
         if missing:
             raise ValueError(f"{cfg_file} is missing {', '.join(missing)}")
+        # Every setting as transformers reads it, whichever version wrote the file (first
+        # our checks of Gemma's layer types, whose refusal names the field).
+        cfg = with_gemma_defaults(arch, settled_config(arch, with_gemma_defaults(arch, cfg)))
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         head_dim = cfg.get("head_dim") or hidden // heads

@@ -192,3 +192,23 @@ def test_the_triton_backends_grouped_experts_match_transformers(models) -> None:
     # The five sequences' decode steps replayed the graph of size 8: three padding rows each.
     assert llm.engine.executor.worker.forward.compiled.graphs.replays > 0
     llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_both_transformers_spellings_load_and_match(kind: str, tmp_path: Path) -> None:
+    """config.json hand-written as transformers 4.x saved it (Qwen3-MoE's `num_experts`,
+    `rope_theta`) and as 5.x does (`num_local_experts`, `rope_parameters`): the same model,
+    transformers' greedy tokens, 8 experts (not the family's default count)."""
+    tokens = {}
+    for spelling in ("old", "new"):
+        path = make_moe_checkpoint(
+            kind, tmp_path / spelling, num_experts=8, config_spelling=spelling
+        )
+        assert ModelConfig.from_pretrained(path).moe.num_experts == 8
+        llm = LLM(str(path), kv_cache_memory_bytes=16 << 20)
+        prompts = _prompts(llm.engine.vocab_size, [3, 17, 40], seed=4)
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        _assert_matches(path, prompts, outs, slack=0)
+        tokens[spelling] = [o.outputs[0].token_ids for o in outs]
+        llm.engine.shutdown()
+    assert tokens["old"] == tokens["new"]

@@ -1,0 +1,37 @@
+"""A checkpoint's config.json read through transformers' own config class for its family.
+
+The class fills absent keys with the family's defaults and reads every spelling transformers
+has written: 4.x's `num_experts` (Qwen3-MoE) and `rope_theta` + `rope_scaling`, 5.x's
+`num_local_experts` and `rope_parameters`, and so on. Its `to_dict()` is in the installed
+version's spelling; the names its `attribute_map` aliases (e.g. `num_experts`) are added with
+their values, so the readers (workers/config.py, moe_config.py, gemma_config.py,
+rope_config.py) see one settled dict whichever version saved the checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Each architecture's config class: by architecture rather than AutoConfig's model_type, as
+# a text-only Gemma 3 checkpoint may carry the multimodal model_type "gemma3".
+CONFIG_CLASSES = {
+    "LlamaForCausalLM": "LlamaConfig",
+    "MistralForCausalLM": "MistralConfig",
+    "Qwen2ForCausalLM": "Qwen2Config",
+    "Qwen3ForCausalLM": "Qwen3Config",
+    "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+    "MixtralForCausalLM": "MixtralConfig",
+    "Gemma3ForCausalLM": "Gemma3TextConfig",
+}
+
+
+def settled_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (config.json's contents) as transformers' config class for `arch` reads it."""
+    import transformers
+
+    cls = getattr(transformers, CONFIG_CLASSES[arch])
+    hf = cls.from_dict(raw)
+    cfg = hf.to_dict()
+    for alias in getattr(cls, "attribute_map", {}):
+        cfg[alias] = getattr(hf, alias)
+    return cfg

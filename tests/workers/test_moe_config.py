@@ -67,8 +67,9 @@ def test_qwen3_moe_sparse_layers_as_transformers(
 
 def test_qwen3_moe_defaults_are_transformers_defaults(tmp_path: Path) -> None:
     path = make_moe_checkpoint("qwen3_moe", tmp_path)
-    keys = ("num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size")
-    _edit(path, **dict.fromkeys(keys), sliding_window=4096)
+    keys = ("num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size")
+    # The expert count under either spelling (4.x's num_experts, 5.x's num_local_experts).
+    _edit(path, **dict.fromkeys((*keys, "num_experts", "num_local_experts")), sliding_window=4096)
     c = ModelConfig.from_pretrained(path)
     hf = AutoConfig.from_pretrained(str(path))
     assert c.moe is not None

@@ -61,7 +61,7 @@ from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.route_spans import route_spans
 from cluster.ingress.tenant_gate import TenantGate
-from cluster.ingress.tenants import TenantAuth
+from cluster.ingress.tenants import TenantAuth, current_tenant
 from cluster.ingress.token_text import TokenStrings
 
 logger = logging.getLogger("ray.serve.kvray.openai")
@@ -145,7 +145,7 @@ class OpenAIIngress:
         """Starts one engine request per prompt, answers with JSON or an SSE stream (as the
         SamplingParams' output kind says); `frames` writes the stream (chat's and
         completions' SSE chunks, or /v1/responses' events)."""
-        prepared = await self.gate.admit(prepared)  # 429 over the tenant's quota
+        await self.gate.admit(prepared)  # 429 over the tenant's quota
         self.metrics.checked("http", prepared.params)
         outs = [self.gate.metered(self.client.generate(r), r) for r in prepared.requests(fmt.id)]
         try:
@@ -264,7 +264,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     async def completions(body: CompletionRequest) -> Any:
         target = await ingress.lora.target(body.model)  # the model, or one of its adapters
         ingress.check_admitting()
-        prepared = target.apply(await ingress.preparer.prepare(body))
+        prepared = await ingress.preparer.prepare(body, lora=target.lora, tenant=current_tenant())
         fmt = Formatter(
             "completion",
             f"cmpl-{uuid.uuid4().hex}",
@@ -283,7 +283,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
         ingress.check_admitting()
         # The tools, the output constraint (response_format, structured_outputs, or the tool
         # calls') and the chat through the template, each read once.
-        prepared = target.apply(await ingress.preparer.prepare(body))
+        prepared = await ingress.preparer.prepare(body, lora=target.lora, tenant=current_tenant())
         top = (body.top_logprobs or 0) if body.logprobs else None
         fmt = Formatter(
             "chat",

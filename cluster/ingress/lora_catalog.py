@@ -2,12 +2,13 @@
 
     catalog = LoraCatalog.from_config(config)
     target = await catalog.target(body.model)     # ModelNotFoundError for an unknown name
-    prepared = target.apply(prepared)             # the engine inputs, under the adapter
+    prepared = await preparer.prepare(body, lora=target.lora, tenant=...)  # under the adapter
     fmt = Formatter(..., target.name, ...)        # answers echo the name the client sent
 
 The served model's name (or no model) runs on the base model. An adapter's name runs its
-`EngineInput`s with `lora = LoRARequest(name, id, path, base_model_name=served)`: the engine
-reads the adapter when it first sees the id (and refuses one it cannot serve).
+`EngineInput`s with `lora = LoRARequest(name, id, path, base_model_name=served)`, set when
+they are checked (cluster/ingress/prepare.py): the engine reads the adapter when it first
+sees the id (and refuses one it cannot serve).
 
 Adapters: the config's (`lora_modules`, ids 1..N in their order), and with
 `enable_runtime_lora` the ones loaded at run time, held by the application's registry actor
@@ -31,9 +32,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.config import ServeConfig, resolve_model_dir
 from cluster.config_lora import LoraModule
@@ -47,9 +48,6 @@ from cluster.ingress.lora_errors import (
 from cluster.ingress.lora_registry import Adapter, Snapshot, Statics
 from workers.lora.request import LoRARequest
 
-if TYPE_CHECKING:
-    from cluster.ingress.prepare import Prepared
-
 logger = logging.getLogger("ray.serve.kvray.lora")
 
 REFRESH_S = 1.0  # how stale a cached adapter may be (an unload elsewhere shows within this)
@@ -62,13 +60,6 @@ class ModelTarget:
 
     name: str
     lora: LoRARequest | None = None
-
-    def apply(self, prepared: Prepared) -> Prepared:
-        """The prepared request with every engine input under the adapter."""
-        if self.lora is None:
-            return prepared
-        inputs = tuple(replace(inp, lora=self.lora) for inp in prepared.inputs)
-        return replace(prepared, inputs=inputs)
 
 
 class AdapterCheck:

@@ -1,13 +1,15 @@
-"""The tenant's way through an ingress, the same for HTTP and gRPC: quota on admission, the
-tenant onto the engine inputs, refunds and metrics when each engine request ends.
+"""The tenant's way through an ingress, the same for HTTP and gRPC: quota on admission,
+refunds and metrics when each engine request ends.
 
-    prepared = await gate.admit(prepared)            # 429 over quota; inputs carry the tenant
+    prepared = await preparer.prepare(body, tenant=current_tenant())  # inputs carry the tenant
+    await gate.admit(prepared)                       # 429 over quota
     outs = gate.metered(client.generate(r), r)       # per engine request
 
-`admit` charges the request of the current tenant (cluster/ingress/tenants.py): one request
-and `charge` tokens per input (cluster/ingress/quotas.py), and sets `EngineInput.tenant`, by
-which each engine takes tenants in turn and each replica shares its queue fairly
-(cluster/replica/tenant_share.py). `metered` passes the outputs through; when the request
+The engine inputs carry the tenant from their check (cluster/ingress/prepare.py): by it each
+engine takes tenants in turn and each replica shares its queue fairly
+(cluster/replica/tenant_share.py). `admit` charges that tenant (the current one,
+cluster/ingress/tenants.py, for inputs that name none): one request and `charge` tokens per
+input (cluster/ingress/quotas.py). `metered` passes the outputs through; when the request
 ends it gives back the tokens it was charged and did not use (a final output: prompt + the
 tokens generated; a failure before any output, e.g. a full replica queue: all of them; a
 failure later: what the outputs so far did not use). A request its client abandons keeps its
@@ -18,7 +20,6 @@ queue_full refusals by tenant (cluster/ingress/tenant_metrics.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -74,10 +75,9 @@ class TenantGate:
             tenant_metrics = TenantMetrics(keys.tenants if keys else ())
         return TenantGate(checkers, quotas, tenant_metrics)
 
-    async def admit(self, prepared: Prepared) -> Prepared:
-        """Charges the current tenant for `prepared` (QuotaExceededError: 429, nothing taken)
-        and returns it with the tenant on every input."""
-        tenant = current_tenant()
+    async def admit(self, prepared: Prepared) -> None:
+        """Charges the tenant of `prepared` for it (QuotaExceededError: 429, nothing taken)."""
+        tenant = prepared.inputs[0].tenant or current_tenant()
         if self.quotas.limited and self._checkers is not None:  # the client caches it
             self._max_model_len = (await self._checkers.input_checker()).max_model_len
         tokens = sum(charge(inp, self._max_model_len) for inp in prepared.inputs)
@@ -89,8 +89,6 @@ class TenantGate:
             raise
         if self.metrics is not None:
             self.metrics.admitted(tenant)
-        inputs = tuple(dataclasses.replace(inp, tenant=tenant) for inp in prepared.inputs)
-        return dataclasses.replace(prepared, inputs=inputs)
 
     async def metered(
         self, outputs: AsyncIterator[RequestOutput], request: GenerateRequest

@@ -1,7 +1,7 @@
 """What `model` resolves to at an ingress (cluster/ingress/lora_catalog.py): the base model,
-an adapter (its LoRARequest on every engine input), or 404; loads checked before they are
-registered; two ingresses sharing one registry (the real class, called in process instead
-of through Ray), their caches' refresh on a fake clock."""
+an adapter (its LoRARequest, which the preparation puts on every engine input), or 404;
+loads checked before they are registered; two ingresses sharing one registry (the real
+class, called in process instead of through Ray), their caches' refresh on a fake clock."""
 
 from __future__ import annotations
 
@@ -21,11 +21,8 @@ from cluster.ingress.lora_errors import (
     RuntimeLoraOffError,
 )
 from cluster.ingress.lora_registry import LoraRegistry
-from cluster.ingress.prepare import Outputs, Prepared
-from workers.inputs import EngineInput
 from workers.lora.checkpoint import LoraError
 from workers.lora.request import LoRARequest
-from workers.sampling_params import SamplingParams
 
 SERVED = "kvray-demo"
 STATIC = ServeConfig(lora_modules=["a=/x/a", "b=/x/b"]).lora_modules
@@ -83,18 +80,6 @@ def test_the_model_an_adapter_or_not_found() -> None:
     with pytest.raises(ModelNotFoundError, match="'c'"):
         _run(catalog.target("c"))
     assert [(a.name, a.lora_int_id) for a in _run(catalog.adapters())] == [("a", 1), ("b", 2)]
-
-
-def test_a_target_puts_its_adapter_on_every_engine_input() -> None:
-    params = SamplingParams(max_tokens=4)
-    prepared = Prepared(
-        params, (EngineInput([1, 2], params), EngineInput([3], params)), Outputs(None, None)
-    )
-    lora = LoRARequest("a", 1, "/x/a", SERVED)
-    applied = ModelTarget("a", lora).apply(prepared)
-    assert [inp.lora for inp in applied.inputs] == [lora, lora]
-    assert [inp.prompt_token_ids for inp in applied.inputs] == [[1, 2], [3]]
-    assert ModelTarget(SERVED).apply(prepared) is prepared
 
 
 def test_without_runtime_loading_load_and_unload_are_refused() -> None:

@@ -24,6 +24,8 @@ from cluster.ingress.limits import DEFAULT_LIMITS
 from cluster.ingress.prepare import Prepared, Preparer, Source
 from cluster.ingress.prompts import Prompts
 from workers.inputs import InputChecker
+from workers.lora.request import LoRARequest
+from workers.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TOOLS = [
@@ -98,6 +100,29 @@ def test_a_completion_batch_is_one_input_per_prompt(preparer: Preparer) -> None:
     assert prepared.params == body.sampling_params() and prepared.tool_use is None
     text = _prepare(preparer, conv.GenerateSource(build_generate_request("a time"), stream=True))
     assert text.inputs[0].prompt_token_ids == prepared.inputs[1].prompt_token_ids
+
+
+def test_the_inputs_are_final_under_the_adapter_and_for_the_tenant(preparer: Preparer) -> None:
+    lora = LoRARequest("a", 1, "/x/a", "kvray-demo")
+    body = CompletionRequest(prompt=["Once upon", "a time"], max_tokens=4)
+    prepared = asyncio.run(preparer.prepare(body, lora=lora, tenant="acme"))
+    assert [(inp.lora, inp.tenant) for inp in prepared.inputs] == [(lora, "acme")] * 2
+    base = _prepare(preparer, body)
+    assert [(inp.lora, inp.tenant) for inp in base.inputs] == [(None, None)] * 2
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_sampling_params_are_validated_once_per_request_not_per_prompt(
+    preparer: Preparer, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    calls: Counter = Counter()
+    _counting(monkeypatch, calls, SamplingParams, "validate")
+    body = CompletionRequest(prompt=["Once upon a time"] * count, max_tokens=4)
+    prepared = _prepare(preparer, body)
+    assert len(prepared.inputs) == count
+    # Once when built, once by the input check (a SamplingParams may change after it is
+    # built), whatever the number of prompts.
+    assert calls["validate"] == 2
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, calls: Counter, owner: Any, name: str) -> None:

@@ -72,7 +72,7 @@ class LLMEngine:
             kv_events=config.cache.kv_events,
         )
         # LoRA: the adapters' device slots (None: the engine serves the base model only).
-        self.lora_slots = None if config.lora is None else LoraSlotTable(config.lora, config.model)
+        self.lora_slots = LoraSlotTable.of(config, self.executor.lora_adapters)
         self.lora_load_seconds = 0.0
         self.moe_expert_tokens: tuple[tuple[int, ...], ...] = ()  # EngineStats' field
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)

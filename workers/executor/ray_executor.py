@@ -90,6 +90,9 @@ class RankFailedError(RuntimeError):
 
 
 class RayExecutor:
+    # Each rank reads an adapter itself when it first loads it (workers/lora/host_cache.py).
+    lora_adapters = None
+
     def __init__(self, config: EngineConfig) -> None:
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)

@@ -10,15 +10,16 @@ The served model's name (or no model) runs on the base model. An adapter's name 
 they are checked (cluster/ingress/prepare.py): the engine reads the adapter when it first
 sees the id (and refuses one it cannot serve).
 
-Adapters: the config's (`lora_modules`, ids 1..N in their order), and with
-`enable_runtime_lora` the ones loaded at run time, held by the application's registry actor
-(cluster/ingress/lora_registry.py). Each ingress caches the registry's state: a name it does
-not know, and a listing, ask the registry again, so an adapter loaded through another ingress
-is found and listed at once (such calls arriving together share one registry call: one in
-flight per ingress); a known name is trusted for REFRESH_S, so an adapter unloaded through
-another ingress stops resolving there within that time (at once on the ingress that unloaded
-it). Requests naming the served model never ask. Requests already running under an unloaded
-adapter finish under it: they carry its path, and the engine frees its slot when they end.
+Adapters: the config's (`lora_modules`, each id derived from its name and path, so a changed
+path is a new id: lora_registry.static_id), and with `enable_runtime_lora` the ones loaded
+at run time, held by the application's registry actor (cluster/ingress/lora_registry.py).
+Each ingress caches the registry's state: a name it does not know, and a listing, ask the
+registry again, so an adapter loaded through another ingress is found and listed at once
+(such calls arriving together share one registry call: one in flight per ingress); a known
+name is trusted for REFRESH_S, so an adapter unloaded through another ingress stops
+resolving there within that time (at once on the ingress that unloaded it). Requests naming
+the served model never ask. Requests already running under an unloaded adapter finish under
+it: they carry its path, and the engine frees its slot when they end.
 
 A load reads the adapter against the served model first, on a worker thread, with the check
 the engines run (workers/lora/checkpoint.py), so a corrupt or incompatible adapter is a 400
@@ -45,7 +46,7 @@ from cluster.ingress.lora_errors import (
     LoraRegistryUnavailableError,
     RuntimeLoraOffError,
 )
-from cluster.ingress.lora_registry import Adapter, Snapshot, Statics
+from cluster.ingress.lora_registry import Adapter, Snapshot, Statics, static_id
 from workers.lora.request import LoRARequest
 
 logger = logging.getLogger("ray.serve.kvray.lora")
@@ -105,7 +106,7 @@ class LoraCatalog:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.served = served
-        self._static = {m.name: Adapter(m.name, i + 1, m.path) for i, m in enumerate(static)}
+        self._static = {m.name: Adapter(m.name, static_id(m.name, m.path), m.path) for m in static}
         self._statics = Statics(tuple(self._static))
         self._registry_fn = registry
         self._registry: Any = None

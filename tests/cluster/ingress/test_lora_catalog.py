@@ -20,7 +20,7 @@ from cluster.ingress.lora_errors import (
     LoraRegistryUnavailableError,
     RuntimeLoraOffError,
 )
-from cluster.ingress.lora_registry import LoraRegistry
+from cluster.ingress.lora_registry import LoraRegistry, static_id
 from workers.lora.checkpoint import LoraError
 from workers.lora.request import LoRARequest
 
@@ -76,10 +76,30 @@ def test_the_model_an_adapter_or_not_found() -> None:
     for model in (None, "", SERVED):
         assert _run(catalog.target(model)) == ModelTarget(SERVED)
     target = _run(catalog.target("b"))
-    assert target == ModelTarget("b", LoRARequest("b", 2, "/x/b", SERVED))
+    assert target == ModelTarget("b", LoRARequest("b", static_id("b", "/x/b"), "/x/b", SERVED))
     with pytest.raises(ModelNotFoundError, match="'c'"):
         _run(catalog.target("c"))
-    assert [(a.name, a.lora_int_id) for a in _run(catalog.adapters())] == [("a", 1), ("b", 2)]
+    want = [("a", static_id("a", "/x/a")), ("b", static_id("b", "/x/b"))]
+    assert [(a.name, a.lora_int_id) for a in _run(catalog.adapters())] == want
+
+
+def test_a_static_adapter_keeps_its_id_only_while_its_path_stays() -> None:
+    """A redeploy (or restart) serving a name from another directory: another id, so no
+    engine serves it with the weights it holds under the old one (they are keyed by id)."""
+    before = _catalog(None, Clock())
+    same = LoraCatalog(SERVED, ServeConfig(lora_modules=["a=/x/a", "b=/x/b"]).lora_modules)
+    moved = LoraCatalog(SERVED, ServeConfig(lora_modules=["a=/y/a", "b=/x/b"]).lora_modules)
+    reordered = LoraCatalog(SERVED, ServeConfig(lora_modules=["b=/x/b", "a=/x/a"]).lora_modules)
+
+    def lora(catalog: LoraCatalog, name: str) -> LoRARequest:
+        found = _run(catalog.target(name)).lora
+        assert found is not None
+        return found
+
+    assert lora(same, "a") == lora(before, "a") == lora(reordered, "a")
+    assert lora(moved, "a").lora_int_id != lora(before, "a").lora_int_id
+    assert lora(moved, "a").lora_path == "/y/a"
+    assert lora(moved, "b") == lora(before, "b")
 
 
 def test_without_runtime_loading_load_and_unload_are_refused() -> None:

@@ -273,7 +273,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             body.logprobs,
             ingress.token_strings,
             echo=await prompt_echo(body, prepared, ingress.prompts),
-            prompt_logprobs=body.checked_prompt_logprobs(),
+            prompt_logprobs=body.answered_prompt_logprobs,
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 
@@ -293,7 +293,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             top,
             ingress.token_strings,
             tools=prepared.tool_use,
-            prompt_logprobs=body.checked_prompt_logprobs(),
+            prompt_logprobs=body.answered_prompt_logprobs,
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 

@@ -195,6 +195,17 @@ def test_errors_name_the_field_each_api_wrote(
     assert err.value.param == grpc_field, err.value.message
 
 
+@pytest.mark.parametrize("kw", [{"prompt_logprobs": 21}, {"max_tokens": 0}, {"top_p": 2.0}])
+def test_a_field_both_apis_take_is_checked_in_one_place(preparer: Preparer, kw: dict) -> None:
+    """SamplingParams' checks alone: the same message from both APIs."""
+    messages = []
+    for source in (_http_chat(**kw), _grpc_chat(**kw)):
+        with pytest.raises(InvalidRequestError) as err:
+            _prepare(preparer, source)
+        messages.append(err.value.message)
+    assert messages[0] == messages[1], messages
+
+
 def test_prompt_checks_come_first(preparer: Preparer) -> None:
     # The prompt's own bounds are checked before anything else (here a bad top_p too).
     limits = replace(DEFAULT_LIMITS, max_chat_messages=1, max_prompts_per_request=1)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
@@ -160,7 +159,7 @@ class LLMEngine:
             if self.lora_slots is None:
                 raise ValueError("lora: this engine serves no adapters (start it with enable_lora)")
             self.lora_slots.check(inp.lora)  # LoraError (a ValueError) for a bad adapter
-        params = replace(inp.params, eos_token_ids=self.eos_token_ids)
+        params = inp.params.derived(eos_token_ids=self.eos_token_ids)  # checked already
         ids = list(inp.prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
         # A resumed request (inp.resume) runs only its unfinished samples, each under its own
@@ -170,11 +169,11 @@ class LLMEngine:
         resumed = {r.index: r for r in inp.resume}
         seqs: list[Seq] = []
         for i in sorted(resumed) if resumed else range(params.n):
-            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            p = params if params.seed is None or i == 0 else params.derived(seed=params.seed + i)
             if i > 0 and p.prompt_logprobs is not None:
                 # The samples share one prompt: the first scores it, the others reuse its
                 # cached blocks (the gate below) instead of computing it again.
-                p = replace(p, prompt_logprobs=None)
+                p = p.derived(prompt_logprobs=None)
             seq = Seq(
                 seq_id=f"{request_id}#{i}",
                 request_id=request_id,

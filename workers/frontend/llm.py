@@ -85,7 +85,10 @@ class LLM:
         # Check every request before admitting any. Only final outputs are returned, so the
         # engine is asked for nothing else (no per-step deltas).
         checker, tokenizer = self.engine.input_checker, self.engine.tokenizer
-        final = {id(p): _final_only(p) for p in plist}  # one copy per distinct params object
+        final: dict[int, SamplingParams] = {}  # one copy per distinct params object
+        for p in plist:
+            if id(p) not in final:
+                final[id(p)] = _final_only(p)
         if lora_request is None or isinstance(lora_request, LoRARequest):
             loras = [lora_request] * len(prompts)
         else:

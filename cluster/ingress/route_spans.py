@@ -74,4 +74,4 @@ class RouteSpans:
 def route_spans(config: ServeConfig, deployment: str) -> RouteSpans | None:
     """An ingress's RouteSpans when tracing is on (its own TracerProvider), else None."""
     tracing = setup_tracing(config, deployment)
-    return None if tracing is None else RouteSpans(tracing, config.request_router)
+    return None if tracing is None else RouteSpans(tracing, config.replicas.request_router)

@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 
-from cluster.config import AUTOSCALING_LOOK_BACK_S, Flag, ServeConfig
+from cluster.config import ServeConfig
+from cluster.config.autoscaling import AUTOSCALING_LOOK_BACK_S
+from cluster.config.setting import Setting
 from workers.config import DEFAULT_BLOCK_SIZE
 
 
 def test_defaults_match_the_contract() -> None:
     c = ServeConfig()
-    assert (c.num_replicas, c.tensor_parallel_size, c.max_queued_requests) == (1, 1, 128)
-    assert (c.target_ongoing_requests, c.max_ongoing_requests, c.max_num_seqs) == (16, 256, 256)
-    assert c.api_key_env == "KVRAY_API_KEY" and c.device == "auto" and c.enable_prefix_caching
-    assert c.grpc_max_message_bytes == 4 * 1024 * 1024 and c.ingress_replicas == 1
-    assert c.model_name() == "kvray-demo" and not c.autoscaling
-    assert c.engine_process  # TP = 1 engine cores run in a child process of the replica
-    assert c.block_size == DEFAULT_BLOCK_SIZE  # the engine's, not a copy
+    assert (
+        c.replicas.num_replicas,
+        c.engine.tensor_parallel_size,
+        c.limits.max_queued_requests,
+    ) == (1, 1, 128)
+    assert (
+        c.autoscaling.target_ongoing_requests,
+        c.replicas.max_ongoing_requests,
+        c.engine.max_num_seqs,
+    ) == (16, 256, 256)
+    assert (
+        c.network.api_key_env == "KVRAY_API_KEY"
+        and c.engine.device == "auto"
+        and c.engine.enable_prefix_caching
+    )
+    assert c.network.grpc_max_message_bytes == 4 * 1024 * 1024 and c.replicas.ingress_replicas == 1
+    assert c.engine.model_name() == "kvray-demo" and not c.autoscaling.enabled
+    assert c.replicas.engine_process  # TP = 1 engine cores run in a child process of the replica
+    assert c.engine.block_size == DEFAULT_BLOCK_SIZE  # the engine's, not a copy
 
 
 def test_engine_kwargs_are_engine_args() -> None:
     from workers.config import EngineArgs
 
-    c = ServeConfig(block_size=32, max_num_seqs=8, device="cpu", served_model_name="m")
+    c = ServeConfig.from_flat(block_size=32, max_num_seqs=8, device="cpu", served_model_name="m")
     args = EngineArgs(**c.engine_kwargs("/ckpt"))
     assert (args.model, args.block_size, args.max_num_seqs) == ("/ckpt", 32, 8)
     assert args.device == "cpu" and args.served_model_name == "m"
@@ -32,9 +44,8 @@ def test_engine_kwargs_are_engine_args() -> None:
 
 
 def test_every_field_documents_its_flag() -> None:
-    for f in fields(ServeConfig):
-        flag = f.metadata["flag"]
-        assert isinstance(flag, Flag) and flag.help and flag.group, f.name
+    for _, f, flag in ServeConfig.settings():
+        assert isinstance(flag, Setting) and flag.help and flag.group, f.name
 
 
 def test_unknown_args_are_an_error_listing_valid_keys() -> None:
@@ -67,15 +78,15 @@ def test_bad_values_name_the_field(args: dict, field: str) -> None:
 
 
 def test_args_round_trip() -> None:
-    c = ServeConfig(model="/models/qwen", num_replicas=3, kv_cache_memory_bytes=1 << 30)
+    c = ServeConfig.from_flat(model="/models/qwen", num_replicas=3, kv_cache_memory_bytes=1 << 30)
     args = c.to_args()
     assert "max_model_len" not in args  # None fields are left out
     assert ServeConfig.from_args(args) == c
 
 
 def test_autoscaling_config() -> None:
-    assert ServeConfig(num_replicas=4).autoscaling_config() is None
-    auto = ServeConfig(
+    assert ServeConfig.from_flat(num_replicas=4).autoscaling_config() is None
+    auto = ServeConfig.from_flat(
         min_replicas=1,
         max_replicas=4,
         target_ongoing_requests=8,
@@ -93,14 +104,17 @@ def test_autoscaling_config() -> None:
         "downscale_delay_s": 120.0,
     }
     # The default, LLM-signal policy: tests/cluster/controller/test_autoscaling_policy.py.
-    assert "policy" in ServeConfig(max_replicas=2).autoscaling_config()
-    only_max = ServeConfig(max_replicas=3).autoscaling_config()
+    assert "policy" in ServeConfig.from_flat(max_replicas=2).autoscaling_config()
+    only_max = ServeConfig.from_flat(max_replicas=3).autoscaling_config()
     assert only_max["min_replicas"] == 1 and only_max["max_replicas"] == 3
 
 
 def test_model_name() -> None:
-    assert ServeConfig(model="/ckpt/Qwen3-0.6B/").model_name() == "Qwen3-0.6B"
-    assert ServeConfig(model="/ckpt/x", served_model_name="prod").model_name() == "prod"
+    assert ServeConfig.from_flat(model="/ckpt/Qwen3-0.6B/").engine.model_name() == "Qwen3-0.6B"
+    assert (
+        ServeConfig.from_flat(model="/ckpt/x", served_model_name="prod").engine.model_name()
+        == "prod"
+    )
 
 
 def test_replica_cpus_set_its_torch_threads() -> None:
@@ -108,12 +122,17 @@ def test_replica_cpus_set_its_torch_threads() -> None:
 
     from cluster.cli.flags import add_serve_flags, config_from_flags
 
-    assert ServeConfig().num_cpus_per_replica == 1 and ServeConfig().torch_threads() == 1
-    assert ServeConfig(num_cpus_per_replica=4).torch_threads() == 4
-    assert ServeConfig(num_cpus_per_replica=2.6).torch_threads() == 3
-    assert ServeConfig(num_cpus_per_replica=0.25).torch_threads() == 1  # never 0 threads
+    assert (
+        ServeConfig().replicas.num_cpus_per_replica == 1
+        and ServeConfig().replicas.torch_threads() == 1
+    )
+    assert ServeConfig.from_flat(num_cpus_per_replica=4).replicas.torch_threads() == 4
+    assert ServeConfig.from_flat(num_cpus_per_replica=2.6).replicas.torch_threads() == 3
+    assert (
+        ServeConfig.from_flat(num_cpus_per_replica=0.25).replicas.torch_threads() == 1
+    )  # never 0 threads
     parser = argparse.ArgumentParser()
     add_serve_flags(parser, "127.0.0.1")
     c = config_from_flags(parser.parse_args(["--num-cpus-per-replica", "2.5"]))
-    assert c.num_cpus_per_replica == 2.5
+    assert c.replicas.num_cpus_per_replica == 2.5
     assert ServeConfig.from_args(c.to_args()) == c

@@ -1,6 +1,6 @@
 """Who sent a request: its tenant, named from its API key, or from a header, or "default".
 
-- `--api-keys-file` (cluster/keys_file.py): each key names its tenant; the key of
+- `--api-keys-file` (cluster/config/keys_file.py): each key names its tenant; the key of
   `--api-key` / its env var is tenant "default". Any key of either is a valid key.
 - `--tenant-header NAME` (without a keys file): the header's value names the tenant, checked
   (1 to 64 characters of letters, digits and . _ - : @; else 400 naming the header). A header

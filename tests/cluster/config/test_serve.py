@@ -1,11 +1,10 @@
-"""ServeConfig: validation at the edge, YAML args round trip, autoscaling, model names."""
+"""ServeConfig: validation at the edge, YAML args round trip, engine kwargs."""
 
 from __future__ import annotations
 
 import pytest
 
 from cluster.config import ServeConfig
-from cluster.config.autoscaling import AUTOSCALING_LOOK_BACK_S
 from cluster.config.setting import Setting
 from workers.config import DEFAULT_BLOCK_SIZE
 
@@ -82,57 +81,3 @@ def test_args_round_trip() -> None:
     args = c.to_args()
     assert "max_model_len" not in args  # None fields are left out
     assert ServeConfig.from_args(args) == c
-
-
-def test_autoscaling_config() -> None:
-    assert ServeConfig.from_flat(num_replicas=4).autoscaling_config() is None
-    auto = ServeConfig.from_flat(
-        min_replicas=1,
-        max_replicas=4,
-        target_ongoing_requests=8,
-        autoscaling_policy="ongoing_requests",
-        upscale_delay_s=5.0,
-    )
-    assert auto.autoscaling
-    assert auto.autoscaling_config() == {
-        "min_replicas": 1,
-        "max_replicas": 4,
-        "initial_replicas": 1,
-        "target_ongoing_requests": 8,
-        "look_back_period_s": AUTOSCALING_LOOK_BACK_S,
-        "upscale_delay_s": 5.0,
-        "downscale_delay_s": 120.0,
-    }
-    # The default, LLM-signal policy: tests/cluster/controller/test_autoscaling_policy.py.
-    assert "policy" in ServeConfig.from_flat(max_replicas=2).autoscaling_config()
-    only_max = ServeConfig.from_flat(max_replicas=3).autoscaling_config()
-    assert only_max["min_replicas"] == 1 and only_max["max_replicas"] == 3
-
-
-def test_model_name() -> None:
-    assert ServeConfig.from_flat(model="/ckpt/Qwen3-0.6B/").engine.model_name() == "Qwen3-0.6B"
-    assert (
-        ServeConfig.from_flat(model="/ckpt/x", served_model_name="prod").engine.model_name()
-        == "prod"
-    )
-
-
-def test_replica_cpus_set_its_torch_threads() -> None:
-    import argparse
-
-    from cluster.cli.flags import add_serve_flags, config_from_flags
-
-    assert (
-        ServeConfig().replicas.num_cpus_per_replica == 1
-        and ServeConfig().replicas.torch_threads() == 1
-    )
-    assert ServeConfig.from_flat(num_cpus_per_replica=4).replicas.torch_threads() == 4
-    assert ServeConfig.from_flat(num_cpus_per_replica=2.6).replicas.torch_threads() == 3
-    assert (
-        ServeConfig.from_flat(num_cpus_per_replica=0.25).replicas.torch_threads() == 1
-    )  # never 0 threads
-    parser = argparse.ArgumentParser()
-    add_serve_flags(parser, "127.0.0.1")
-    c = config_from_flags(parser.parse_args(["--num-cpus-per-replica", "2.5"]))
-    assert c.replicas.num_cpus_per_replica == 2.5
-    assert ServeConfig.from_args(c.to_args()) == c

@@ -32,7 +32,7 @@ ROUTE_SPAN = "kvray.route"
 @dataclass(frozen=True)
 class RouteSpans:
     tracing: Tracing
-    router: str  # ServeConfig.request_router: prefix_affinity, kv_events, power_of_two
+    router: str  # ServeConfig.replicas.request_router: prefix_affinity, kv_events, power_of_two
 
     def traced(self, request: GenerateRequest) -> GenerateRequest:
         """`request` tied to the ambient (server) span, unless it carries a context already."""

@@ -173,7 +173,7 @@ def test_serve_config_hands_the_policy_to_serve() -> None:
     with the config's targets; Serve's own delays are 0 (the policy applies them)."""
     from ray.serve._private.autoscaling_state import _resolve_policy_callable
 
-    cfg = ServeConfig(
+    cfg = ServeConfig.from_flat(
         min_replicas=0, max_replicas=3, target_waiting_requests=2.0, downscale_delay_s=30.0
     )
     serve_cfg = AutoscalingConfig(**cfg.autoscaling_config())

@@ -28,7 +28,7 @@ from workers.lora.request import LoRARequest
 from workers.sampling_params import SamplingParams
 
 SERVED = "kvray-demo"
-STATIC = ServeConfig(lora_modules=["a=/x/a", "b=/x/b"]).lora_modules
+STATIC = ServeConfig.from_flat(lora_modules=["a=/x/a", "b=/x/b"]).lora.lora_modules
 
 
 class InProcess:

@@ -70,8 +70,8 @@ def _bind(
 def uses_gpu(config: ServeConfig) -> bool:
     """device auto: GPUs when the Ray cluster has any (set `device: cuda` for GPU nodes that
     an autoscaler has not started yet)."""
-    if config.device != "auto":
-        return config.device == "cuda"
+    if config.engine.device != "auto":
+        return config.engine.device == "cuda"
     import ray
 
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
@@ -87,51 +87,55 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
     # Bundle 0 holds the replica actor and its `num_cpus_per_replica` CPUs (its torch threads
     # follow them); every other rank's actor takes one CPU.
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
-    first = {**bundle, "CPU": config.num_cpus_per_replica}
-    replica_gpus = 1 if gpu and config.tensor_parallel_size == 1 else 0
-    if config.request_router == "prefix_affinity":
+    first = {**bundle, "CPU": config.replicas.num_cpus_per_replica}
+    replica_gpus = 1 if gpu and config.engine.tensor_parallel_size == 1 else 0
+    if config.replicas.request_router == "prefix_affinity":
         router = RequestRouterConfig(
             request_router_class=ROUTER_CLASS_PATH,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
             # Prefix keys hash whole KV blocks: the router must use the engine's block size.
-            request_router_kwargs={"block_size": config.block_size},
+            request_router_kwargs={"block_size": config.engine.block_size},
         )
-    elif config.request_router == "kv_events":
+    elif config.replicas.request_router == "kv_events":
         router = RequestRouterConfig(
             request_router_class=KV_ROUTER_CLASS_PATH,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
             # The router hashes prompts into the engine's own block hashes.
-            request_router_kwargs={"block_size": config.block_size},
+            request_router_kwargs={"block_size": config.engine.block_size},
         )
     else:  # Serve's default power-of-two-choices; stats still feed dashboards and benches
         router = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)
-    actor: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica, "num_gpus": replica_gpus}
+    actor: dict[str, Any] = {
+        "num_cpus": config.replicas.num_cpus_per_replica,
+        "num_gpus": replica_gpus,
+    }
     threads_env = cpu_threads_env(config, gpu, os.environ)
     if threads_env:
         actor["runtime_env"] = {"env_vars": threads_env}
     opts: dict[str, Any] = {
         "name": LLM_SERVER_NAME,
-        "max_ongoing_requests": config.max_ongoing_requests,
+        "max_ongoing_requests": config.replicas.max_ongoing_requests,
         # Bounds the queue in each caller's router too: requests not yet handed to a replica.
         # A burst that the replicas can take (max_ongoing_requests each) passes; admission
         # control proper is the replica's own waiting-queue cap (max_queued_requests).
-        "max_queued_requests": config.max_ongoing_requests + config.max_queued_requests,
+        "max_queued_requests": config.replicas.max_ongoing_requests
+        + config.limits.max_queued_requests,
         "ray_actor_options": actor,
         "placement_group_bundles": [first]
-        + [dict(bundle) for _ in range(1, config.tensor_parallel_size)],
+        + [dict(bundle) for _ in range(1, config.engine.tensor_parallel_size)],
         "placement_group_strategy": "STRICT_PACK",
         "request_router_config": router,
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
         # Stopped (scale-down, redeploy): in-flight requests run on for this long; Serve then
         # kills the replica and the ingresses move what is left elsewhere (migration).
-        "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
+        "graceful_shutdown_timeout_s": config.replicas.graceful_shutdown_timeout_s,
     }
     autoscaling = config.autoscaling_config()
     if autoscaling is not None:
         opts["autoscaling_config"] = autoscaling
     else:
-        opts["num_replicas"] = config.num_replicas
+        opts["num_replicas"] = config.replicas.num_replicas
     return opts
 
 
@@ -151,7 +155,7 @@ def cpu_threads_env(config: ServeConfig, gpu: bool, environ: Mapping[str, str]) 
     where the app is built, it reaches the replica's process through Ray's runtime env even
     on a remote cluster (its engine child and TP rank actors inherit it; OpenMP reads it when
     torch loads). One thread has nobody to wait for; a GPU replica's threads do little."""
-    if gpu or config.torch_threads() < 2:
+    if gpu or config.replicas.torch_threads() < 2:
         return {}
     return {k: environ[k] for k in _OMP_WAIT_VARS if k in environ}
 
@@ -161,13 +165,13 @@ def ingress_options(config: ServeConfig, draining: bool = False) -> dict[str, An
         # Changing only this redeploys nothing: Serve calls OpenAIIngress.reconfigure.
         "user_config": {"draining": draining},
         "name": INGRESS_NAME,
-        "num_replicas": config.ingress_replicas,
+        "num_replicas": config.replicas.ingress_replicas,
         "max_ongoing_requests": INGRESS_MAX_ONGOING_REQUESTS,
         # Light work (parsing, tokenizing): do not hold a CPU a replica could use.
         "ray_actor_options": {"num_cpus": 0},
         # The ingress carries the streams of engine replicas being stopped with it: it waits
         # at least as long as they do.
         "graceful_shutdown_timeout_s": max(
-            GRACEFUL_SHUTDOWN_TIMEOUT_S, config.graceful_shutdown_timeout_s
+            GRACEFUL_SHUTDOWN_TIMEOUT_S, config.replicas.graceful_shutdown_timeout_s
         ),
     }

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from cluster.bench.backend_types import BackendContext
-from cluster.config import ROUTERS, ServeConfig
-from cluster.units import parse_size
+from cluster.config import ServeConfig
+from cluster.config.replicas import ROUTERS
+from cluster.config.units import parse_size
 
 _DEFAULTS = ServeConfig()
 APP_NAME = "kvray-bench"
@@ -21,25 +22,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The --launch flags: the local app's shape."""
     g = parser.add_argument_group("--launch: a local kvray app to benchmark")
     g.add_argument("--launch", action="store_true", help="start local Ray + the kvray app")
-    g.add_argument("--num-replicas", type=int, default=_DEFAULTS.num_replicas)
+    g.add_argument("--num-replicas", type=int, default=_DEFAULTS.replicas.num_replicas)
     g.add_argument(
         "--request-router",
-        default=_DEFAULTS.request_router,
+        default=_DEFAULTS.replicas.request_router,
         help=f"comma list of {', '.join(ROUTERS)}: one launched app each",
     )
-    g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.engine.max_num_seqs)
     g.add_argument(
         "--num-cpus-per-replica",
         type=float,
-        default=_DEFAULTS.num_cpus_per_replica,
+        default=_DEFAULTS.replicas.num_cpus_per_replica,
         help="CPUs (torch threads) of each engine replica",
     )
-    g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.stream_interval_ms)
+    g.add_argument("--stream-interval-ms", type=int, default=_DEFAULTS.replicas.stream_interval_ms)
     g.add_argument("--kv-cache-memory", type=parse_size, default=None)
     g.add_argument(
         "--max-migrations",
         type=int,
-        default=_DEFAULTS.max_migrations,
+        default=_DEFAULTS.replicas.max_migrations,
         help="requests' moves to another replica when theirs dies (0: off; see --fault-at)",
     )
     g.add_argument(
@@ -64,7 +65,7 @@ class LocalCluster:
         self._args = args
         self._overrides = dict(overrides or {})
         self._max_queued = (
-            None if max_queued is None else max(_DEFAULTS.max_queued_requests, max_queued)
+            None if max_queued is None else max(_DEFAULTS.limits.max_queued_requests, max_queued)
         )
 
     def __enter__(self) -> LocalCluster:
@@ -105,9 +106,11 @@ class LocalCluster:
             # A latency benchmark measures load; it must not be turned away with 429s.
             caps = {
                 "max_queued_requests": self._max_queued,
-                "max_ongoing_requests": max(_DEFAULTS.max_ongoing_requests, self._max_queued),
+                "max_ongoing_requests": max(
+                    _DEFAULTS.replicas.max_ongoing_requests, self._max_queued
+                ),
             }
-        config = ServeConfig(
+        config = ServeConfig.from_flat(
             model=self._args.model,
             num_replicas=self._args.num_replicas,
             request_router=router,
@@ -120,12 +123,12 @@ class LocalCluster:
             **caps,
             **self._overrides,
         )
-        print(f"deploying kvray ({config.num_replicas} replica(s), router {router}) ...")
+        print(f"deploying kvray ({config.replicas.num_replicas} replica(s), router {router}) ...")
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
         run_liveness_app(APP_NAME, "/")
         return replace(
             base,
-            model=config.model_name(),
+            model=config.engine.model_name(),
             base_url=f"http://127.0.0.1:{self.http_port}",
             grpc_address=f"127.0.0.1:{self.grpc_port}",
         )

@@ -62,7 +62,8 @@ from cluster.bench.launch import (
 from cluster.bench.serve_report import compare, format_report, summarize, summary_line
 from cluster.bench.serve_salt import salt_workload
 from cluster.bench.serve_workload import build_workload
-from cluster.config import ROUTERS, ServeConfig
+from cluster.config import ServeConfig
+from cluster.config.replicas import ROUTERS
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 from cluster.serve_env import apply_serve_env
 
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workload == "tenants-zipf":
         from cluster.bench.tenants import router_cpu_us
 
-        cpu = router_cpu_us(workload, _DEFAULTS.block_size, args.num_replicas)
+        cpu = router_cpu_us(workload, _DEFAULTS.engine.block_size, args.num_replicas)
         print(
             "router CPU per decision (in-process replay): "
             + ", ".join(f"{k} {v:.0f} us" for k, v in cpu.items())

@@ -127,7 +127,7 @@ def prepare_adapters(args: argparse.Namespace, model_dir: Path) -> dict[str, str
 
 
 def server_overrides(args: argparse.Namespace, adapters: dict[str, str]) -> dict[str, Any]:
-    """The launched app's ServeConfig fields that serve `adapters` (cluster/config_lora.py)."""
+    """The launched app's ServeConfig fields that serve `adapters` (cluster/config/lora.py)."""
     if not adapters:
         return {}
     out: dict[str, Any] = {

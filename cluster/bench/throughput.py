@@ -40,7 +40,7 @@ from cluster.bench.common import (
 from cluster.bench.throughput_hf import run_hf, run_hf_cb
 from cluster.bench.throughput_kvray import run_kvray
 from cluster.bench.throughput_run import Run
-from cluster.units import parse_size
+from cluster.config.units import parse_size
 from workers.config import ATTENTION_BACKENDS, DEFAULT_MAX_NUM_SEQS
 
 BACKENDS = ("kvray", "hf", "hf-cb")

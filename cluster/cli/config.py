@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if api_key_from(args):
         print(
-            f"kvray config: the API key is not written to the YAML; set {config.api_key_env} "
-            "in the cluster's environment instead",
+            "kvray config: the API key is not written to the YAML; set "
+            f"{config.network.api_key_env} in the cluster's environment instead",
             file=sys.stderr,
         )
     doc = serve_config(config, args.host, args.port, args.grpc_port)
-    text = render(doc, args.metrics_port, config.api_key_env)
+    text = render(doc, args.metrics_port, config.network.api_key_env)
     if args.output == "-":
         sys.stdout.write(text)
     else:
@@ -88,6 +88,9 @@ def http_options(config: ServeConfig, host: str, port: int) -> dict[str, Any]:
     """Serve's http_options: where HTTP listens, and its TLS files when the config has them
     (Serve's own proxy terminates TLS; see cluster/serve_env.py)."""
     options: dict[str, Any] = {"host": host, "port": port}
-    if config.tls:
-        options |= {"ssl_certfile": config.tls_cert_file, "ssl_keyfile": config.tls_key_file}
+    if config.network.tls:
+        options |= {
+            "ssl_certfile": config.network.tls_cert_file,
+            "ssl_keyfile": config.network.tls_key_file,
+        }
     return options

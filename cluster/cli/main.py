@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from cluster.config import DEFAULT_HTTP_PORT
+from cluster.config.network import DEFAULT_HTTP_PORT
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 
 # (subcommand path, module, one-line help)

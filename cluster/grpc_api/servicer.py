@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
-from cluster.config import DEFAULT_MAX_MIGRATIONS
+from cluster.config.replicas import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv

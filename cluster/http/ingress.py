@@ -80,7 +80,7 @@ class OpenAIIngress:
 
         self.config = config
         self.llm = llm
-        self.model = config.model_name()
+        self.model = config.engine.model_name()
         tokenizer = Tokenizer.from_pretrained(resolve_model_dir(config))
         self.prompts = Prompts(tokenizer)
         # What /v1/embeddings' `dimensions` must equal (cluster/ingress/embeddings.py).
@@ -91,9 +91,9 @@ class OpenAIIngress:
         self.spans = route_spans(config, "OpenAIIngress")
         self.client = LLMClient(
             llm,
-            config.max_migrations,
+            config.replicas.max_migrations,
             self.metrics,
-            queue_timeout_s=config.queue_timeout_s,
+            queue_timeout_s=config.limits.queue_timeout_s,
             spans=self.spans,
         )
         self.auth = TenantAuth.from_config(config)  # API keys and tenants (tenants.py)
@@ -122,7 +122,7 @@ class OpenAIIngress:
         guarded = RequestGuard(
             build_api(self),
             self.auth,
-            self.config.max_request_body_bytes,
+            self.config.limits.max_request_body_bytes,
             self.metrics,
             max_in_flight=self.config.ingress_max_in_flight(),
         )

@@ -38,7 +38,7 @@ from functools import cached_property
 from typing import Any
 
 from cluster.config import ServeConfig, resolve_model_dir
-from cluster.config_lora import LoraModule
+from cluster.config.lora import LoraModule
 from cluster.errors import InvalidRequestError, ModelNotFoundError
 from cluster.ingress.lora_errors import (
     LoraAdapterExistsError,
@@ -79,12 +79,12 @@ class AdapterCheck:
     def __call__(self, path: str) -> None:
         from workers.lora.checkpoint import load_adapter
 
-        load_adapter(path, self.model_config, self.config.max_lora_rank)
+        load_adapter(path, self.model_config, self.config.lora.max_lora_rank)
 
     def check_static(self) -> None:
         """Every adapter of the config (an ingress starting): ValueError naming the first bad
         one, so the deployment fails to start instead of its requests."""
-        for i, m in enumerate(self.config.lora_modules or ()):
+        for i, m in enumerate(self.config.lora.lora_modules or ()):
             try:
                 self(m.path)
             except ValueError as err:
@@ -124,7 +124,7 @@ class LoraCatalog:
         """The catalog of an ingress of application `app_name` (the registry's key; None:
         this Serve replica's application)."""
         registry = None
-        if config.enable_runtime_lora:
+        if config.lora.enable_runtime_lora:
 
             def registry() -> Any:
                 from cluster.ingress.lora_registry import registry_actor
@@ -136,8 +136,10 @@ class LoraCatalog:
                     name = serve.get_replica_context().app_name
                 return registry_actor(name)
 
-        static = config.lora_modules or ()
-        return LoraCatalog(config.model_name(), static, registry, check or AdapterCheck(config))
+        static = config.lora.lora_modules or ()
+        return LoraCatalog(
+            config.engine.model_name(), static, registry, check or AdapterCheck(config)
+        )
 
     @property
     def runtime_loading(self) -> bool:

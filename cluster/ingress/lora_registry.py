@@ -20,7 +20,7 @@ namespace), created with `get_if_exists`:
   after a head restart), the runtime adapters are forgotten (load them again), and the ids
   it gives start above the clock's microseconds, beyond any id given before.
 
-What it holds: the runtime adapters, the names of static adapters (cluster/config_lora.py,
+What it holds: the runtime adapters, the names of static adapters (cluster/config/lora.py,
 known to every ingress from the config) unloaded since, and the next id. An id is never
 given twice: adapters are told apart by it on the engines (device slots, prefix cache), so a
 name unloaded and loaded again, maybe from a changed file, gets a new one.

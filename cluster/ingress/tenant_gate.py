@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cluster.config.keys_file import Quota, load_keys_file
 from cluster.errors import QueueFullError
 from cluster.ingress.prepare import InputCheckers, Prepared
 from cluster.ingress.quotas import QuotaExceededError, Quotas, charge
 from cluster.ingress.tenants import current_tenant
-from cluster.keys_file import Quota, load_keys_file
 
 if TYPE_CHECKING:
+    from cluster.config import ServeConfig
     from cluster.ingress.tenant_metrics import TenantMetrics
     from cluster.messages import GenerateRequest
     from workers.outputs import RequestOutput
@@ -58,15 +59,15 @@ class TenantGate:
 
     @staticmethod
     def from_config(
-        config: Any, checkers: InputCheckers | None = None, metrics: bool = True
+        config: ServeConfig, checkers: InputCheckers | None = None, metrics: bool = True
     ) -> TenantGate:
-        """From a ServeConfig, for an ingress deployment of `config.ingress_replicas` replicas
-        (each enforces its share of every quota; the keys file is read here)."""
-        path = config.api_keys_file
+        """From a ServeConfig, for an ingress deployment of `config.replicas.ingress_replicas`
+        replicas (each enforces its share of every quota; the keys file is read here)."""
+        path = config.tenants.api_keys_file
         keys = load_keys_file(path) if path else None
-        fallback = Quota(config.tenant_requests_per_s, config.tenant_tokens_per_s)
+        fallback = Quota(config.tenants.tenant_requests_per_s, config.tenants.tenant_tokens_per_s)
         quotas = Quotas(
-            keys.quotas if keys else None, fallback, share=1.0 / config.ingress_replicas
+            keys.quotas if keys else None, fallback, share=1.0 / config.replicas.ingress_replicas
         )
         tenant_metrics = None
         if metrics:

@@ -6,7 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,9 @@ def deploy(name: str, prefix: str, config: Any, ports: ServePorts, api_key: str 
 
     from cluster.app import build_app
 
-    config = replace(config, grpc_drain_s=TEST_GRPC_DRAIN_S)
+    config = config.replace(grpc_drain_s=TEST_GRPC_DRAIN_S)
     serve.run(build_app(config), name=name, route_prefix=prefix)
-    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), api_key)
+    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.engine.model_name(), api_key)
 
 
 def openai_client(app: App, api_key: str | None = None) -> Any:
@@ -156,11 +156,11 @@ def deploy_with_engine_env(
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
 
-    config = replace(config, grpc_drain_s=TEST_GRPC_DRAIN_S)
+    config = config.replace(grpc_drain_s=TEST_GRPC_DRAIN_S)
     opts = {**llm_server_options(config), **llm_options}
     opts["ray_actor_options"] = {**opts["ray_actor_options"], "runtime_env": {"env_vars": env}}
     llm = serve.deployment(LLMServer, **opts).bind(config)
     grpc = bind_grpc_ingress(config, llm)
     ingress = serve.deployment(OpenAIIngress, **ingress_options(config)).bind(config, llm, grpc)
     serve.run(ingress, name=name, route_prefix=prefix)
-    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), None)
+    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.engine.model_name(), None)

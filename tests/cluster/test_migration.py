@@ -11,7 +11,6 @@ so every test here fails on a server that does not migrate.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,7 +56,7 @@ def _config(**kw: object) -> ServeConfig:
         "graceful_shutdown_timeout_s": GRACE_S,
         "api_key_env": "KVRAY_MIGRATION_NO_KEY",  # unset on the cluster: no key required
     }
-    return ServeConfig(**{**base, **kw})
+    return ServeConfig.from_flat(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ def _deploy(ports: ServePorts, replicas: int | None = None) -> App:
     from cluster.grpc_api.ingress import grpc_options
 
     config = _config()
-    args = {k: v for k, v in dataclasses.asdict(config).items() if v != getattr(DEFAULTS, k)}
+    args = {k: v for k, v in config.flat().items() if v != DEFAULTS.flat()[k]}
     spec: dict = {"name": NAME, "route_prefix": PREFIX, "import_path": IMPORT_PATH, "args": args}
     if replicas is not None:
         spec["deployments"] = [{"name": "LLMServer", "num_replicas": replicas}]
@@ -102,7 +101,7 @@ def _deploy(ports: ServePorts, replicas: int | None = None) -> App:
         return app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING"
 
     wait_for(running, "the application to run", 180)
-    return App(NAME, f"http://127.0.0.1:{ports.http}{PREFIX}", config.model_name(), None)
+    return App(NAME, f"http://127.0.0.1:{ports.http}{PREFIX}", config.engine.model_name(), None)
 
 
 @pytest.fixture(scope="module")

@@ -150,8 +150,8 @@ def test_serve_config_terminates_https_and_grpc_tls_with_the_secrets_files(tls_c
     assert (parsed.http_options.ssl_certfile, parsed.http_options.ssl_keyfile) == (CERT, KEY)
     app = parsed.applications[0]
     config = ServeConfig.from_args(app.args)  # validates the pair
-    assert config.tls
-    assert (config.tls_cert_file, config.tls_key_file) == (CERT, KEY)
+    assert config.network.tls
+    assert (config.network.tls_cert_file, config.network.tls_key_file) == (CERT, KEY)
 
 
 def test_haproxy_and_direct_ingress_are_off(tls_case):

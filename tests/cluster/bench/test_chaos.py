@@ -56,7 +56,7 @@ def chaos_app(serve_ports: ServePorts) -> Iterator[App]:
 
     from cluster.config import ServeConfig
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=8,

@@ -283,7 +283,9 @@ def test_a_real_run_kills_the_busiest_engine(serve_ports: ServePorts, tmp_path: 
 
     from cluster.config import ServeConfig
 
-    config = ServeConfig(num_replicas=2, kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8)
+    config = ServeConfig.from_flat(
+        num_replicas=2, kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8
+    )
     app = deploy("kvray-fault", "/fault", config, serve_ports, None)
     try:
         out = tmp_path / "fault.json"

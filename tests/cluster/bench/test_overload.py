@@ -155,7 +155,7 @@ def test_overload_past_the_caps_of_a_small_app(serve_ports: ServePorts, tmp_path
 
     # One replica that runs 2 sequences, queues 2 more and holds 4 requests: a burst of 40
     # is 10x its caps.
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=1,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=2,

@@ -65,9 +65,9 @@ def test_the_launched_server_and_the_inprocess_engine_get_the_adapters(tmp_path:
     args = _args("--workload", "lora", "--num-adapters", "2", "--lora-rank", "8", "--launch",
                  "--max-loras", "3")  # fmt: skip
     adapters = {"bench-lora-0": str(tmp_path / "a"), "bench-lora-1": str(tmp_path / "b")}
-    config = ServeConfig(**serve_lora.server_overrides(args, adapters))
-    assert config.enable_lora and (config.max_loras, config.max_lora_rank) == (3, 8)
-    assert {m.name: m.path for m in config.lora_modules or ()} == adapters
+    config = ServeConfig.from_flat(**serve_lora.server_overrides(args, adapters))
+    assert config.lora.enable_lora and (config.lora.max_loras, config.lora.max_lora_rank) == (3, 8)
+    assert {m.name: m.path for m in config.lora.lora_modules or ()} == adapters
     engine = EngineArgs(**serve_lora.engine_overrides(args, adapters))
     assert engine.enable_lora and (engine.max_loras, engine.max_lora_rank) == (3, 8)
     assert serve_lora.server_overrides(args, {}) == serve_lora.engine_overrides(args, {}) == {}

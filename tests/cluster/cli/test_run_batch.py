@@ -163,8 +163,8 @@ def test_flags_that_make_no_sense_are_refused(tmp_path: Path, capsys: Any) -> No
 
 
 def test_locally_enough_requests_fill_every_replicas_sequences() -> None:
-    assert run_batch.local_concurrency(ServeConfig(max_num_seqs=8, num_replicas=3)) == 24
-    assert run_batch.local_concurrency(ServeConfig(max_num_seqs=8, max_replicas=5)) == 40
+    assert run_batch.local_concurrency(ServeConfig.from_flat(max_num_seqs=8, num_replicas=3)) == 24
+    assert run_batch.local_concurrency(ServeConfig.from_flat(max_num_seqs=8, max_replicas=5)) == 40
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ def app(serve_ports: ServePorts) -> Iterator[App]:
 
     from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         min_replicas=0,
         max_replicas=MAX_REPLICAS,
         target_waiting_requests=1.0,

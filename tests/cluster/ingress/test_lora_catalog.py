@@ -25,7 +25,7 @@ from workers.lora.checkpoint import LoraError
 from workers.lora.request import LoRARequest
 
 SERVED = "kvray-demo"
-STATIC = ServeConfig(lora_modules=["a=/x/a", "b=/x/b"]).lora_modules
+STATIC = ServeConfig.from_flat(lora_modules=["a=/x/a", "b=/x/b"]).lora.lora_modules
 
 
 class InProcess:

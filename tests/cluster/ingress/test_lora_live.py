@@ -79,7 +79,7 @@ def app(
     shutil.copytree(paths[0], bad)
     adapter_config = json.loads((bad / "adapter_config.json").read_text())
     (bad / "adapter_config.json").write_text(json.dumps({**adapter_config, "use_dora": True}))
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         grpc_drain_s=TEST_GRPC_DRAIN_S,
         num_replicas=1,
         api_key_env=API_KEY_ENV,
@@ -101,7 +101,9 @@ def app(
     base = f"http://127.0.0.1:{serve_ports.http}/lora"
     target = f"127.0.0.1:{grpc_port}"
     try:
-        yield LoraApp(APP_NAME, base, config.model_name(), API_KEY, target, tuple(paths), str(bad))
+        yield LoraApp(
+            APP_NAME, base, config.engine.model_name(), API_KEY, target, tuple(paths), str(bad)
+        )
     finally:
         serve.delete(APP_NAME)
         delete_registry(APP_NAME)
@@ -169,7 +171,7 @@ def test_requests_run_under_the_adapter_they_name(
     assert chat.model == "b"
     stream = client.completions.create(model="a", prompt=PROMPT, stream=True, **GREEDY)
     chunks = list(stream)
-    assert {c.model for c in chunks} == {"a"}
+    assert {c.engine.model for c in chunks} == {"a"}
     assert "".join(c.choices[0].text for c in chunks if c.choices) == a.choices[0].text
     assert client.responses.create(model="b", input="Hi", max_output_tokens=4).model == "b"
     embedding = client.embeddings.create(model="a", input=PROMPT, encoding_format="float")

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from cluster.config.keys_file import Quota
 from cluster.errors import QueueFullError
 from cluster.ingress.prepare import Outputs, Prepared
 from cluster.ingress.quotas import QuotaExceededError, Quotas
 from cluster.ingress.tenant_gate import TenantGate
 from cluster.ingress.tenants import TenantAuth, bind_tenant, current_tenant
-from cluster.keys_file import Quota
 from cluster.messages import GenerateRequest
 from workers.inputs import EngineInput, InputChecker
 from workers.outputs import CompletionOutput, RequestMetrics, RequestOutput

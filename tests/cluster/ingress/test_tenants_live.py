@@ -76,7 +76,7 @@ def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> It
 
     keys = tmp_path_factory.mktemp("tenants") / "keys.yaml"
     keys.write_text(yaml.safe_dump(KEYS))
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         grpc_drain_s=TEST_GRPC_DRAIN_S,
         num_replicas=1,
         kv_cache_memory_bytes=1 << 22,
@@ -100,7 +100,9 @@ def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     serve.run(ingress, name="kvray-tenants", route_prefix="/tenants")
     base = f"http://127.0.0.1:{serve_ports.http}/tenants"
-    yield TenantsApp("kvray-tenants", base, config.model_name(), None, f"127.0.0.1:{grpc_port}")
+    yield TenantsApp(
+        "kvray-tenants", base, config.engine.model_name(), None, f"127.0.0.1:{grpc_port}"
+    )
     serve.delete("kvray-tenants")
 
 

@@ -34,7 +34,7 @@ def slow_app(serve_ports: ServePorts) -> Iterator[App]:
 
     from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=1,
         kv_cache_memory_bytes=1 << 22,
         max_num_seqs=1,

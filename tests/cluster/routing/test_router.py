@@ -245,7 +245,7 @@ def pow2_app(serve_ports: ServePorts) -> Iterator[App]:
 
     from cluster.config import ServeConfig
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         request_router="power_of_two",
         kv_cache_memory_bytes=KV_CACHE_BYTES,

@@ -10,7 +10,6 @@ import pytest
 
 from cluster.cli.flags import add_serve_flags, config_from_flags
 from cluster.config import ServeConfig
-from cluster.config_tenants import keys_file_missing
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -24,19 +23,22 @@ def test_a_bad_keys_file_fails_the_config_and_build_app(tmp_path: Path) -> None:
 
     path = _write(tmp_path, "keys:\n  - {key: a, tokens_per_s: -3}\n")
     with pytest.raises(ValueError, match=r"api_keys_file .*: keys\[0\]\.tokens_per_s"):
-        ServeConfig(api_keys_file=path)
+        ServeConfig.from_flat(api_keys_file=path)
     with pytest.raises(ValueError, match=r"keys\[0\]\.tokens_per_s"):
         build_app({"api_keys_file": path})
 
 
 def test_a_good_keys_file_and_a_path_only_the_cluster_has(tmp_path: Path) -> None:
     good = _write(tmp_path, "keys:\n  - {key: a, name: acme}\n")
-    assert ServeConfig(api_keys_file=good).api_keys_file == good
-    assert keys_file_missing(ServeConfig(api_keys_file=good)) is None
+    assert ServeConfig.from_flat(api_keys_file=good).tenants.api_keys_file == good
+    assert ServeConfig.from_flat(api_keys_file=good).tenants.keys_file_missing() is None
     # `kvray config` for a cluster: the file is read where the ingresses run.
-    remote = ServeConfig(api_keys_file="/etc/kvray/api-keys/keys.yaml")
-    assert keys_file_missing(remote) == "api_keys_file /etc/kvray/api-keys/keys.yaml: no such file"
-    assert keys_file_missing(ServeConfig()) is None
+    remote = ServeConfig.from_flat(api_keys_file="/etc/kvray/api-keys/keys.yaml")
+    assert (
+        remote.tenants.keys_file_missing()
+        == "api_keys_file /etc/kvray/api-keys/keys.yaml: no such file"
+    )
+    assert ServeConfig().tenants.keys_file_missing() is None
 
 
 @pytest.mark.parametrize(
@@ -67,11 +69,14 @@ def test_flags_fill_the_fields(tmp_path: Path) -> None:
     config = config_from_flags(
         parser.parse_args(["--tenant-requests-per-s", "2.5", "--tenant-tokens-per-s", "1000"])
     )
-    assert (config.tenant_requests_per_s, config.tenant_tokens_per_s) == (2.5, 1000.0)
+    assert (config.tenants.tenant_requests_per_s, config.tenants.tenant_tokens_per_s) == (
+        2.5,
+        1000.0,
+    )
     config = config_from_flags(parser.parse_args(["--tenant-header", "x-tenant-id"]))
-    assert config.tenant_header == "x-tenant-id"
+    assert config.tenants.tenant_header == "x-tenant-id"
     config = config_from_flags(parser.parse_args(["--api-keys-file", path]))
-    assert config.api_keys_file == path
+    assert config.tenants.api_keys_file == path
     help_text = " ".join(parser.format_help().split())
     for flag in ("--api-keys-file", "--tenant-header", "--tenant-requests-per-s"):
         assert flag in help_text

@@ -11,7 +11,7 @@ import yaml
 
 from cluster.cli.flags import add_serve_flags, config_from_flags
 from cluster.config import ServeConfig
-from cluster.config_lora import LoraModule, lora_modules_missing
+from cluster.config.lora import LoraModule
 from workers.config import EngineArgs
 
 
@@ -23,7 +23,7 @@ def _flags(*argv: str) -> ServeConfig:
 
 def test_off_by_default_and_the_engine_args_say_so() -> None:
     c = ServeConfig()
-    assert c.lora_modules is None and not c.enable_lora and not c.enable_runtime_lora
+    assert c.lora.lora_modules is None and not c.lora.enable_lora and not c.lora.enable_runtime_lora
     args = EngineArgs(**c.engine_kwargs("/ckpt"))
     assert not args.enable_lora and not args.enable_expert_parallel
     assert (args.max_loras, args.max_lora_rank, args.max_cpu_loras) == (8, 64, None)
@@ -34,7 +34,7 @@ def test_off_by_default_and_the_engine_args_say_so() -> None:
     [{"enable_lora": True}, {"lora_modules": ["a=/x"]}, {"enable_runtime_lora": True}],
 )
 def test_adapters_or_runtime_loading_turn_lora_on(kwargs: dict, demo_dir: Path) -> None:
-    c = ServeConfig(**kwargs, max_loras=2, max_cpu_loras=3)
+    c = ServeConfig.from_flat(**kwargs, max_loras=2, max_cpu_loras=3)
     args = EngineArgs(**c.engine_kwargs(str(demo_dir)))
     assert args.enable_lora and (args.max_loras, args.max_cpu_loras) == (2, 3)
     lora = args.create_config().lora  # the engine's own LoRA limits accept them
@@ -42,7 +42,7 @@ def test_adapters_or_runtime_loading_turn_lora_on(kwargs: dict, demo_dir: Path) 
 
 
 def test_every_form_of_an_adapter() -> None:
-    c = ServeConfig(
+    c = ServeConfig.from_flat(
         lora_modules=[
             "a=/x/a",
             '{"name": "b", "path": "/x/b", "base_model_name": "kvray-demo"}',
@@ -50,18 +50,22 @@ def test_every_form_of_an_adapter() -> None:
             LoraModule("d", "/x/d"),
         ]
     )
-    assert c.lora_modules == (
+    assert c.lora.lora_modules == (
         LoraModule("a", "/x/a"),
         LoraModule("b", "/x/b", "kvray-demo"),
         LoraModule("c", "/x/c=1"),
         LoraModule("d", "/x/d"),
     )
-    assert ServeConfig(lora_modules="a=/x/a").lora_modules == (LoraModule("a", "/x/a"),)
-    assert ServeConfig(lora_modules=[]).lora_modules is None
+    assert ServeConfig.from_flat(lora_modules="a=/x/a").lora.lora_modules == (
+        LoraModule("a", "/x/a"),
+    )
+    assert ServeConfig.from_flat(lora_modules=[]).lora.lora_modules is None
 
 
 def test_yaml_round_trip() -> None:
-    c = ServeConfig(lora_modules=["a=/x/a", '{"name": "b", "path": "/x/b"}'], max_lora_rank=16)
+    c = ServeConfig.from_flat(
+        lora_modules=["a=/x/a", '{"name": "b", "path": "/x/b"}'], max_lora_rank=16
+    )
     text = yaml.safe_dump(c.to_args())  # no tuples or dataclasses: YAML-safe
     assert yaml.safe_load(text)["lora_modules"] == [
         {"name": "a", "path": "/x/a"},
@@ -113,14 +117,14 @@ def test_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "--enable-expert-parallel",
     )
     # Paths on the command line are this machine's: made absolute, as --model is.
-    assert c.lora_modules == (
+    assert c.lora.lora_modules == (
         LoraModule("a", str(tmp_path / "adapters/a")),
         LoraModule("b", "/abs/b"),
     )
-    assert (c.max_loras, c.max_lora_rank, c.max_cpu_loras) == (4, 16, 6)
-    assert c.enable_runtime_lora and c.enable_expert_parallel and not c.enable_lora
+    assert (c.lora.max_loras, c.lora.max_lora_rank, c.lora.max_cpu_loras) == (4, 16, 6)
+    assert c.lora.enable_runtime_lora and c.engine.enable_expert_parallel and not c.lora.enable_lora
     assert EngineArgs(**c.engine_kwargs("/m")).enable_lora  # implied
-    assert _flags("--enable-lora").enable_lora
+    assert _flags("--enable-lora").lora.enable_lora
     with pytest.raises(ValueError, match=r"lora_modules\[0\] must be NAME=PATH"):
         _flags("--lora-modules", "nopath")
 
@@ -139,7 +143,7 @@ def test_help_groups_the_lora_flags(capsys: pytest.CaptureFixture[str]) -> None:
 def test_kvray_serve_checks_local_adapter_directories(tmp_path: Path) -> None:
     there = tmp_path / "a"
     there.mkdir()
-    assert lora_modules_missing(ServeConfig(lora_modules=[f"a={there}"])) is None
+    assert ServeConfig.from_flat(lora_modules=[f"a={there}"]).lora.modules_missing() is None
     gone = tmp_path / "b"
-    missing = ServeConfig(lora_modules=[f"a={there}", f"b={gone}"])
-    assert lora_modules_missing(missing) == f"lora_modules[1] (b): {gone}: no such directory"
+    missing = ServeConfig.from_flat(lora_modules=[f"a={there}", f"b={gone}"])
+    assert missing.lora.modules_missing() == f"lora_modules[1] (b): {gone}: no such directory"

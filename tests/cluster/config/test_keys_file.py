@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.keys_file import Quota, derived_name, key_digest, load_keys_file, parse_keys
+from cluster.config.keys_file import Quota, derived_name, key_digest, load_keys_file, parse_keys
 
 GOOD = """
 keys:

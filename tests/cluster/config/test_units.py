@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.units import parse_size
+from cluster.config.units import parse_size
 
 
 def test_parse_size() -> None:

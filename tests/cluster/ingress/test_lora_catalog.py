@@ -87,9 +87,12 @@ def test_a_static_adapter_keeps_its_id_only_while_its_path_stays() -> None:
     """A redeploy (or restart) serving a name from another directory: another id, so no
     engine serves it with the weights it holds under the old one (they are keyed by id)."""
     before = _catalog(None, Clock())
-    same = LoraCatalog(SERVED, ServeConfig(lora_modules=["a=/x/a", "b=/x/b"]).lora_modules)
-    moved = LoraCatalog(SERVED, ServeConfig(lora_modules=["a=/y/a", "b=/x/b"]).lora_modules)
-    reordered = LoraCatalog(SERVED, ServeConfig(lora_modules=["b=/x/b", "a=/x/a"]).lora_modules)
+
+    def catalog(*modules: str) -> LoraCatalog:
+        return LoraCatalog(SERVED, ServeConfig.from_flat(lora_modules=modules).lora.lora_modules)
+
+    same, moved = catalog("a=/x/a", "b=/x/b"), catalog("a=/y/a", "b=/x/b")
+    reordered = catalog("b=/x/b", "a=/x/a")
 
     def lora(catalog: LoraCatalog, name: str) -> LoRARequest:
         found = _run(catalog.target(name)).lora

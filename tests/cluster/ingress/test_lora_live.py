@@ -31,6 +31,7 @@ import pytest
 
 from cluster.config import ServeConfig
 from cluster.grpc_api.client import KvrayClient, completion_text
+from cluster.ingress.lora_registry import static_id
 from tests.cluster.grpc_api.grpc_helpers import rpc_status, wait_serving
 from tests.cluster.serve_helpers import (
     API_KEY,
@@ -164,7 +165,8 @@ def test_requests_run_under_the_adapter_they_name(
     assert (base.model, a.model) == (app.model, "a")
     assert a.choices[0].text != base.choices[0].text  # the engine ran the adapter
     engine = replica_stats(app, 1)
-    assert 1 in next(iter(engine.values()))["lora_adapters"]  # a's id, in a device slot
+    a_id = static_id("a", app.adapters[0])  # a config adapter's id: its name and path
+    assert a_id in next(iter(engine.values()))["lora_adapters"]  # in a device slot
     chat = client.chat.completions.create(
         model="b", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )

@@ -21,7 +21,7 @@ def role_of(cmdline: str, pid: int, own_pid: int) -> str | None:
     if cmdline.startswith("ray::ServeReplica:"):
         # ray::ServeReplica:APP:DEPLOYMENT, with .METHOD while Ray runs an actor task
         return cmdline.split(" ", 1)[0].rsplit(":", 1)[-1].split(".", 1)[0]
-    if "-m workers.frontend.engine_process" in cmdline:
+    if "-m workers.core.engine_child" in cmdline:
         return "engine process"  # an LLMServer replica's engine core (its child process)
     if cmdline.startswith("ray::ProxyActor"):
         return "proxy"

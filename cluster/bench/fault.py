@@ -55,7 +55,7 @@ STATS_CALL_TIMEOUT_S = 5.0
 WHOLE_POLL_S = 0.5
 # The command line each kind's target must have: a pid from stats that names some other
 # process (a replica on another machine, a reused pid) is never signalled.
-_TARGET_CMDLINE = {"engine": "workers.frontend.engine_process", "replica": "ray::ServeReplica"}
+_TARGET_CMDLINE = {"engine": "workers.core.engine_child", "replica": "ray::ServeReplica"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

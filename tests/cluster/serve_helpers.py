@@ -147,7 +147,7 @@ def deploy_with_engine_env(
     **llm_options: Any,
 ) -> App:
     """`deploy` with extra environment variables in the LLMServer replicas (the engines' test
-    hooks, workers/frontend/engine_process.py) and LLMServer deployment options overridden (health
+    hooks, workers/core/engine_child.py) and LLMServer deployment options overridden (health
     check periods, ...); no API key. The same application as cluster.app.build_app."""
     from ray import serve
 

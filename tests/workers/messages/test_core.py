@@ -10,8 +10,8 @@ import pytest
 
 from workers.config import EngineArgs
 from workers.core.stats import EngineStats
-from workers.frontend import core_messages as m
 from workers.inputs import EngineInput, InputChecker
+from workers.messages import core as m
 from workers.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from workers.sampling_params import SamplingParams
 

@@ -2,7 +2,8 @@
 
 Like vLLM v1's scheduler output: a sequence's full data goes to the workers once (when it
 is first scheduled, or again after preemption); afterwards a step carries only its id, the
-tokens appended since, the blocks added since and how many tokens to compute.
+tokens appended since, the blocks added since and how many tokens to compute. The core
+builds the diff (`workers.core.step_diff`); the executor carries it, the workers apply it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workers.core.request import Seq
 from workers.lora.request import LoRARequest
 from workers.sampling_params import SamplingParams
 
@@ -71,42 +71,3 @@ class StepOutput:
     # Mixture-of-experts models, about once a second: the cumulative tokens routed to each
     # expert, [sparse layer][expert] (EngineStats.moe_expert_tokens); None in other steps.
     expert_tokens: tuple[tuple[int, ...], ...] | None = None
-
-
-def build_step_input(
-    scheduled: list[tuple[Seq, int]],
-    removed: list[str],
-    grammar: GrammarBitmask | None,
-    lora_loads: list[tuple[int, LoRARequest]],
-) -> StepInput:
-    """The step's diff for the workers: a sequence they do not hold yet goes whole, the others
-    as what changed since the last step that sent them (module doc)."""
-    step = StepInput(removed=removed, grammar=grammar, lora_loads=lora_loads)
-    for seq, n in scheduled:
-        if not seq.on_workers:
-            step.new.append(
-                NewSeq(
-                    seq.seq_id,
-                    seq.prompt_token_ids,
-                    list(seq.token_ids),
-                    seq.params,
-                    list(seq.block_ids),
-                    seq.num_computed_tokens,
-                    n,
-                    seq.lora_slot,
-                )
-            )
-            seq.on_workers = True
-        else:
-            step.cached.append(
-                CachedSeq(
-                    seq.seq_id,
-                    seq.token_ids[seq.sent_tokens :],
-                    seq.block_ids[seq.sent_blocks :],
-                    seq.num_computed_tokens,
-                    n,
-                )
-            )
-        seq.sent_tokens = len(seq.token_ids)
-        seq.sent_blocks = len(seq.block_ids)
-    return step

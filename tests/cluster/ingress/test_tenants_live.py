@@ -68,7 +68,7 @@ class TenantsApp(App):
 def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantsApp]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from cluster.liveness import (
+from cluster.deploy.liveness import (
     Liveness,
     build_liveness_app,
     liveness_app_spec,
@@ -39,7 +39,7 @@ def test_route_sits_below_the_kvray_application(prefix: str, route: str) -> None
     assert liveness_app_spec("kvray", prefix) == {
         "name": "kvray-liveness",
         "route_prefix": route,
-        "import_path": "cluster.liveness:build_liveness_app",
+        "import_path": "cluster.app:build_liveness_app",
     }
 
 

@@ -7,8 +7,8 @@ import os
 import pytest
 from ray import serve
 
-from cluster.app import build_app, ingress_options, llm_server_options
 from cluster.config import ServeConfig
+from cluster.deploy.app import build_app, ingress_options, llm_server_options
 from cluster.routing.router import ROUTER_CLASS_PATH
 
 
@@ -81,8 +81,8 @@ def test_the_operators_openmp_wait_settings_reach_cpu_replicas() -> None:
     """OpenMP's wait settings where the app is built reach a CPU replica's process (its engine
     child and TP ranks inherit them) when it computes on 2+ torch threads; none by default
     (libgomp's own spin: docs/benchmarks.md, "Threads and OpenMP waiting")."""
-    from cluster.app import cpu_threads_env
     from cluster.config import ServeConfig
+    from cluster.deploy.app import cpu_threads_env
 
     two = ServeConfig(device="cpu", num_cpus_per_replica=2)
     passive = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from cluster import serve_env
-from cluster.serve_env import (
+from cluster.deploy import serve_env
+from cluster.deploy.serve_env import (
     HAPROXY_KEYS,
     LOCAL_PORT_KEYS,
     LOCAL_SERVE_ENV,

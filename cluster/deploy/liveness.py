@@ -29,7 +29,7 @@ from ray import serve
 LIVENESS_PATH = "/health"
 LIVENESS_BODY = b'{"status":"ok"}'
 DEPLOYMENT_NAME = "Liveness"
-IMPORT_PATH = "cluster.liveness:build_liveness_app"
+IMPORT_PATH = "cluster.app:build_liveness_app"
 # Probes are tiny and never queue behind anything: the cap only bounds a flood of them.
 MAX_ONGOING_REQUESTS = 1024
 

@@ -46,3 +46,17 @@ def test_image_context_holds_the_serve_application():
         assert project["readme"] in allowed
     for path in allowed:
         assert f" {path}" in DOCKERFILE.read_text(), f"{path} is in the context but never copied"
+
+
+def test_the_image_installs_every_package():
+    """The image pip-installs the project (not the source tree): a package missing from
+    pyproject's list is absent from the image, and its first import fails on the cluster."""
+    listed = set(
+        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(REPO_ROOT).parts)
+        for top in ("workers", "cluster")
+        for init in (REPO_ROOT / top).rglob("__init__.py")
+    }
+    assert found - listed == set()

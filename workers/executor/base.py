@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from workers.config import EngineConfig
-from workers.core.step import StepInput, StepOutput
 from workers.executor.pending import PendingStep
+from workers.messages.step import StepInput, StepOutput
 
 
 class Executor(Protocol):

@@ -40,10 +40,19 @@ LAYOUT_RULES: dict[str, tuple[list[str], str]] = {
         "the caller's side talks to an engine core, never to a device",
     ),
     "workers.device": (
-        ["workers.frontend", "workers.executor"],
-        "a worker answers its executor; it does not know who drives it",
+        ["workers.frontend", "workers.executor", "workers.core"],
+        "a worker answers its executor with workers.messages; it does not know who drives it",
     ),
-    "workers.executor": (["workers.frontend"], "the executor runs under the core"),
+    "workers.executor": (
+        ["workers.frontend", "workers.core"],
+        "the executor runs under the core and speaks to it in workers.messages",
+    ),
+    # The boundary messages are plain data both sides import (messages.core carries the
+    # core's report types, EngineStats and KvEvent, from workers.core).
+    "workers.messages": (
+        ["workers.frontend", "workers.executor", "workers.device"],
+        "messages are data both sides of a boundary import",
+    ),
     # Ingress replicas host the router in their handle; neither runs an engine.
     "cluster.routing": (
         ["cluster.replica", "cluster.http", "cluster.grpc_api"],
@@ -62,7 +71,13 @@ LAYOUT_RULES: dict[str, tuple[list[str], str]] = {
     ),
 }
 # Subpackages whose modules never import torch, at any depth of their own statements.
-TORCH_FREE = ["workers.core", "workers.frontend", "workers.executor.base", "cluster.routing"]
+TORCH_FREE = [
+    "workers.core",
+    "workers.frontend",
+    "workers.messages",
+    "workers.executor.base",
+    "cluster.routing",
+]
 MAX_LINES = 400
 
 

@@ -281,7 +281,7 @@ def local_server(config: ServeConfig, log_level: str) -> Iterator[tuple[str, str
     RuntimeError when a port is taken or the application does not start."""
     from cluster.cli import serve as serve_cmd
     from cluster.cli.ports import check_ports
-    from cluster.serve_env import apply_serve_env
+    from cluster.deploy.serve_env import apply_serve_env
 
     # Before anything imports ray.serve: Serve's settings (and free ports for its other
     # listeners) for the Ray instance this process starts.

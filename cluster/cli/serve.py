@@ -48,7 +48,7 @@ from cluster.cli.ports import (
     stop_processes,
 )
 from cluster.config import ServeConfig
-from cluster.serve_env import SERVE_ENV, apply_serve_env
+from cluster.deploy.serve_env import SERVE_ENV, apply_serve_env
 from cluster.tracing import exporter_missing
 
 logger = logging.getLogger("kvray.serve")
@@ -167,8 +167,8 @@ def start(
     import ray
     from ray import serve
 
-    from cluster.app import build_run_app
-    from cluster.liveness import run_liveness_app
+    from cluster.deploy.app import build_run_app
+    from cluster.deploy.liveness import run_liveness_app
 
     levels = console_logging(args.log_level)
     runtime_env = {}
@@ -309,8 +309,8 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
 
+    from cluster.deploy.liveness import liveness_app_name
     from cluster.ingress.lora_registry import delete_registry
-    from cluster.liveness import liveness_app_name
 
     if not ray.is_initialized():
         return
@@ -343,7 +343,7 @@ def _announce_draining(config: ServeConfig, code_version: str) -> None:
     Waits at most DRAIN_NOTICE_TIMEOUT_S: shutting down must not hang on it."""
     from ray import serve
 
-    from cluster.app import build_run_app
+    from cluster.deploy.app import build_run_app
 
     def redeploy() -> None:
         try:

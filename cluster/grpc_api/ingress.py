@@ -104,7 +104,7 @@ def bind_grpc_ingress(
     """GrpcIngress bound to the LLMServer deployment (a bound node or a DeploymentHandle).
 
     Pass the result to the HTTP ingress's bind so Serve deploys it in the same application.
-    `code_version`: see cluster.app.build_run_app (None: Serve derives one).
+    `code_version`: see cluster.deploy.app.build_run_app (None: Serve derives one).
     """
     from ray import serve
 

@@ -1,6 +1,6 @@
 """LLMServer: one engine replica (one AsyncEngine with its TP group) behind Ray Serve.
 
-`cluster.app.build_app` wraps this plain class with `serve.deployment(name="LLMServer")`;
+`cluster.deploy.app.build_app` wraps this plain class with `serve.deployment(name="LLMServer")`;
 ingresses (HTTP, gRPC) call it through a DeploymentHandle, via cluster/ingress/llm_client.py:
 
     gen = handle.options(stream=True).generate.remote(request)   # a GenerateRequest

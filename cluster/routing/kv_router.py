@@ -52,7 +52,8 @@ MAX_PENDING_CHOICES = 4096  # requests chosen for and not yet routed, remembered
 
 @dataclass(frozen=True)
 class KvRouterOptions:
-    """The KV router's `request_router_kwargs` (cluster/app.py passes them from ServeConfig)."""
+    """The KV router's `request_router_kwargs` (cluster/deploy/app.py passes them from
+    ServeConfig)."""
 
     block_size: int  # the engine's KV block size
     max_prompt_blocks: int = 256  # leading blocks hashed per prompt (bounds the lookup cost)

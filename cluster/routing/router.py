@@ -18,7 +18,7 @@ What the router reads: the first argument of the handle call. Ingresses tokenize
 `LLMServer.generate` call carries a `cluster.messages.GenerateRequest` with token ids
 (an explicit `routing_key` overrides the hash); `replica_stats({"routing_key": K})` carries
 a dict. The block size is the engine's (`request_router_kwargs["block_size"]`, from
-ServeConfig via cluster/app.py). Serve internals the router needs are in ray_internals.py.
+ServeConfig via cluster/deploy/app.py). Serve internals the router needs are in ray_internals.py.
 
 Replicas whose routing stats say `engine_alive: False` are left out while any other is alive.
 
@@ -57,7 +57,7 @@ ROUTING_STATS_PERIOD_S = 1.0
 
 @dataclass(frozen=True)
 class RouterOptions:
-    """The router's `request_router_kwargs` (cluster/app.py passes them from ServeConfig)."""
+    """The router's `request_router_kwargs` (cluster/deploy/app.py passes them from ServeConfig)."""
 
     block_size: int  # the engine's KV block size: only full blocks are prefix-cached
     max_blocks: int = 4  # key = hash of the first min(full blocks, max_blocks) blocks

@@ -86,8 +86,8 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
     import ray
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import bind_grpc_ingress, grpc_options
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer

@@ -63,7 +63,7 @@ TEST_GRPC_DRAIN_S = 0.5
 def deploy(name: str, prefix: str, config: Any, ports: ServePorts, api_key: str | None) -> App:
     from ray import serve
 
-    from cluster.app import build_app
+    from cluster.deploy.app import build_app
 
     config = config.replace(grpc_drain_s=TEST_GRPC_DRAIN_S)
     serve.run(build_app(config), name=name, route_prefix=prefix)
@@ -147,11 +147,11 @@ def deploy_with_engine_env(
     **llm_options: Any,
 ) -> App:
     """`deploy` with extra environment variables in the LLMServer replicas (the engines' test
-    hooks, workers/frontend/engine_process.py) and LLMServer deployment options overridden (health
-    check periods, ...); no API key. The same application as cluster.app.build_app."""
+    hooks, workers/core/engine_child.py) and LLMServer deployment options overridden (health
+    check periods, ...); no API key. The same application as cluster.deploy.app.build_app."""
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer

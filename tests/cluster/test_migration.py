@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.bench.fault import pid_gone
+from cluster.bench.fault.main import pid_gone
 from cluster.cli.config import IMPORT_PATH
 from cluster.config import ServeConfig
 from tests.cluster.migration_load import (

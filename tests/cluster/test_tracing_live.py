@@ -77,8 +77,8 @@ def send_both(app: App, grpc_port: int) -> tuple[int, int]:
 def traced(serve_ports: ServePorts) -> Iterator[Traced]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer

@@ -227,8 +227,8 @@ STEP_TIMEOUT_S = 5.0  # healthy steps take milliseconds; a loaded CI machine may
 
 def _deploy_with_one_hanging_replica(ports: ServePorts, claim: Path) -> App:
     """Two replicas; the first engine to start claims `claim` and hangs in its first step
-    (workers/frontend/engine_process.py's test hooks); health checks every 0.5 s."""
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV, TEST_STEP_SLEEP_ONCE_ENV
+    (workers/core/engine_child.py's test hooks); health checks every 0.5 s."""
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV, TEST_STEP_SLEEP_ONCE_ENV
 
     config = ServeConfig.from_flat(
         step_timeout_s=STEP_TIMEOUT_S,

@@ -82,8 +82,8 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
     app, liveness = parsed.applications
     assert app.import_path == "cluster.app:build_app"
     assert app.route_prefix == "/"
-    # The pods' liveness probe path, served off the ingress (cluster/liveness.py).
-    assert liveness.import_path == "cluster.liveness:build_liveness_app"
+    # The pods' liveness probe path, served off the ingress (cluster/deploy/liveness.py).
+    assert liveness.import_path == "cluster.app:build_liveness_app"
     assert liveness.route_prefix == values["probes"]["liveness"]["path"] == "/health"
     assert liveness.name == f"{app.name}-liveness"
     assert parsed.http_options.port == values["serve"]["httpPort"]
@@ -117,8 +117,8 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
 def test_one_engine_replica_fills_one_worker_pod(case):
     """GPUs per worker pod = tensorParallelSize, and the replica's placement group (from the
     application's own deployment options) fits a single pod, as STRICT_PACK requires."""
-    from cluster.app import llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import llm_server_options
 
     values, objects = case
     rayservice = only(objects, "RayService")
@@ -283,9 +283,9 @@ def test_api_key_reaches_pods_from_a_secret(case):
 
 
 def test_pods_run_with_kvrays_serve_settings(case):
-    """Every Ray container gets cluster/serve_env.py's settings, as `kvray serve` runs with;
+    """Every Ray container gets cluster/deploy/serve_env.py's settings, as `kvray serve` runs with;
     extraEnv comes after them, so a user's value for the same name wins."""
-    from cluster.serve_env import SERVE_ENV
+    from cluster.deploy.serve_env import SERVE_ENV
 
     _, objects = case
     for container in _ray_containers(only(objects, "RayService")).values():

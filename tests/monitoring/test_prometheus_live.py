@@ -99,8 +99,8 @@ def stack(ray_session: RaySession, serve_ports: ServePorts) -> Iterator[Stack]:
         pytest.skip("prometheus missing: run monitoring/install_prometheus.sh")
     from ray import serve
 
-    from cluster.app import build_app
     from cluster.config import ServeConfig
+    from cluster.deploy.app import build_app
 
     # The checks below read cluster-wide sums (tokens of every request, LLMServer replicas):
     # tests/conftest.py runs this module before any other deploys a kvray app.

@@ -30,7 +30,7 @@ from workers.core.output_processor import (
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats
-from workers.core.step import build_step_input
+from workers.core.step_diff import build_step_input
 from workers.executor.base import Executor, create_executor
 from workers.executor.pending import Launched, Resolved
 from workers.inputs import EngineInput, InputChecker

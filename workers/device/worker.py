@@ -12,7 +12,6 @@ import time
 import torch
 
 from workers.config import EngineConfig
-from workers.core.step import GrammarBitmask, StepInput, StepOutput
 from workers.device.attention_backend import AttentionBackend
 from workers.device.compile import CompiledForward
 from workers.device.decode_graphs import FullGraphForward
@@ -33,6 +32,7 @@ from workers.device.triton_inputs import (
     prepare_triton_inputs,
     table_width,
 )
+from workers.messages.step import GrammarBitmask, StepInput, StepOutput
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from workers.config import EngineConfig
-from workers.core.step import StepInput, StepOutput
 from workers.executor.pending import PendingStep
+from workers.messages.step import StepInput, StepOutput
 
 if TYPE_CHECKING:
     from workers.lora.host_cache import AdapterCache

@@ -23,8 +23,8 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.config import EngineConfig
-from workers.core.step import StepInput, StepOutput
 from workers.executor.pending import Resolved
+from workers.messages.step import StepInput, StepOutput
 
 log = logging.getLogger(__name__)
 

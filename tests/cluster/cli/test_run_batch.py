@@ -20,7 +20,7 @@ import pytest
 from cluster.cli import run_batch
 from cluster.cli.main import main
 from cluster.config import ServeConfig
-from cluster.serve_env import LOCAL_PORT_KEYS
+from cluster.deploy.serve_env import LOCAL_PORT_KEYS
 from tests.cluster.serve_helpers import API_KEY, API_KEY_ENV, App, free_port
 
 REPO = Path(__file__).resolve().parents[3]

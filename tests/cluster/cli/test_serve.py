@@ -25,7 +25,7 @@ import pytest
 from cluster.cli import serve as serve_cmd
 from cluster.cli.flags import config_from_flags
 from cluster.cli.ports import port_in_use, serve_haproxies
-from cluster.serve_env import LOCAL_PORT_KEYS
+from cluster.deploy.serve_env import LOCAL_PORT_KEYS
 from tests.cluster.serve_helpers import KV_CACHE_BYTES, TEST_GRPC_DRAIN_S, ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[3]

@@ -19,7 +19,7 @@ def _write(tmp_path: Path, text: str) -> str:
 
 
 def test_a_bad_keys_file_fails_the_config_and_build_app(tmp_path: Path) -> None:
-    from cluster.app import build_app
+    from cluster.deploy.app import build_app
 
     path = _write(tmp_path, "keys:\n  - {key: a, tokens_per_s: -3}\n")
     with pytest.raises(ValueError, match=r"api_keys_file .*: keys\[0\]\.tokens_per_s"):

@@ -60,8 +60,8 @@ def offline() -> Offline:
 def cluster(offline: Offline, serve_ports: ServePorts) -> Iterator[Cluster]:
     from ray import serve
 
-    from cluster.app import build_app
     from cluster.config import ServeConfig
+    from cluster.deploy.app import build_app
 
     # On the session's Ray and Serve (tests/conftest.py, which runs these modules before any
     # other kvray app takes Serve's gRPC port); replicas read the key from the environment

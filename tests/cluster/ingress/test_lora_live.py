@@ -67,7 +67,7 @@ def app(
 ) -> Iterator[LoraApp]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.ingress.lora_registry import delete_registry

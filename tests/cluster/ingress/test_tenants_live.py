@@ -68,11 +68,11 @@ class TenantsApp(App):
 def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantsApp]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV
 
     keys = tmp_path_factory.mktemp("tenants") / "keys.yaml"
     keys.write_text(yaml.safe_dump(KEYS))

@@ -211,8 +211,8 @@ def test_lookup_cost_per_request() -> None:
 
 
 def test_kv_events_router_is_wired_from_the_config() -> None:
-    from cluster.app import llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import llm_server_options
     from cluster.routing.kv_router import KV_ROUTER_CLASS_PATH
 
     config = ServeConfig.from_flat(request_router="kv_events", device="cpu", block_size=32)

@@ -244,7 +244,7 @@ def lora_app(
 ) -> Iterator[App]:
     from ray import serve
 
-    from cluster.bench.random_lora import write_random_adapters
+    from cluster.bench.serve.random_lora import write_random_adapters
     from cluster.config import ServeConfig
 
     paths = write_random_adapters(demo_dir, tmp_path_factory.mktemp("adapters"), list(ADAPTERS), 4)

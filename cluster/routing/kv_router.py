@@ -40,7 +40,6 @@ from cluster.routing.lora_policy import DEFAULT_HOLD_S, AdapterRouting
 from cluster.routing.router import (
     PrefixAffinityRouter,
     RouterOptions,
-    live_replicas,
     prefix_routing_key,
     rendezvous_rank,
 )
@@ -136,7 +135,7 @@ class KvEventsRouter(PrefixAffinityRouter):
         ask_for_backoff(pending_request)  # type: ignore[arg-type]
         self.remember_request(pending_request)
         self.refresh(candidate_replicas)
-        replicas = live_replicas(candidate_replicas, pending_request)
+        replicas = self.routable(candidate_replicas, pending_request)
         opts = self._kv_opts
         ids = request.input.prompt_token_ids
         lora = request.input.lora

@@ -155,10 +155,16 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         if pending_request is not None:
             ask_for_backoff(pending_request)
             self.remember_request(pending_request)
+        request = pending_request.args[0] if pending_request and pending_request.args else None
+        if isinstance(request, dict):
+            # replica_stats({"routing_key": K}): K's replica, however busy; that is how a
+            # caller reaches each replica (a busy one is the one it wants to see).
+            preferred = self._preferred(live_replicas(candidate_replicas), pending_request)
+            if preferred is not None:
+                return [[preferred]]
         candidate_replicas = self.routable(candidate_replicas, pending_request)
         # Shuffled first so that equally loaded replicas share the work (sort is stable).
         by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
-        request = pending_request.args[0] if pending_request and pending_request.args else None
         if isinstance(request, GenerateRequest) and request.input.lora is not None:
             return self._choose_for_adapter(by_load, request, pending_request)
         preferred = self._preferred(candidate_replicas, pending_request)

@@ -168,6 +168,8 @@ def test_choose_replicas_keyed() -> None:
     # Saturated (its engine is queueing): the two least loaded others first, it last.
     next(c for c in reps if c.name == preferred).routing_stats["waiting"] = 1
     assert _choose(r, reps, request) == [others, [preferred]]
+    # A stats call keyed to it still reaches it: that is how a caller sees a busy replica.
+    assert _choose(r, reps, {"routing_key": "tenant-1"}) == [[preferred]]
     # A single saturated replica still gets the request.
     only = [StubReplica("solo", routing_stats={"waiting": 3})]
     assert _choose(r, only, request) == [["solo"]]

@@ -18,7 +18,8 @@ asks the index how many leading blocks each live replica holds, and picks the lo
 With the defaults a replica holding the adapter is worth 4 requests in flight (the
 prefix-affinity router's imbalance threshold): past that its adapter's requests spread.
 
-Replicas that left the deployment drop out of the index on the next request; a new replica
+Replicas whose waiting queue is full are passed over while another has room, as
+PrefixAffinityRouter does (`routable`). Replicas that left the deployment drop out of the index on the next request; a new replica
 (or a restarted engine: another epoch) starts empty. Requests with an explicit routing key,
 and non-generate calls, are routed like PrefixAffinityRouter does (rendezvous on the key).
 """

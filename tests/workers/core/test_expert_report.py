@@ -1,7 +1,9 @@
 """An idle mixture-of-experts engine's tokens per expert are current (workers/core/
-expert_report.py): four requests back to back on an engine in its own process (as an engine
-replica runs it), then its stats count every token each request routed, with no request after
-them, under both scheduling modes."""
+expert_report.py): four requests back to back on an AsyncEngine (its core a thread here, which
+starts faster than the child process an engine replica runs; the step loop is the same), then
+its stats count every token each request routed, with no request after them, under both
+scheduling modes. The replica exports those stats as they are (cluster/replica/moe_metrics.py,
+tested in tests/cluster/replica/test_moe_metrics.py)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def test_the_last_request_s_tokens_are_counted_once_idle(
         enable_prefix_caching=False,
         async_scheduling=async_scheduling,
     )
-    engine = AsyncEngine(args, process=True)
+    engine = AsyncEngine(args)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompts = [[5 + i] * (6 + 3 * i) for i in range(4)]
 

@@ -19,9 +19,10 @@ With the defaults a replica holding the adapter is worth 4 requests in flight (t
 prefix-affinity router's imbalance threshold): past that its adapter's requests spread.
 
 Replicas whose waiting queue is full are passed over while another has room, as
-PrefixAffinityRouter does (`routable`). Replicas that left the deployment drop out of the index on the next request; a new replica
-(or a restarted engine: another epoch) starts empty. Requests with an explicit routing key,
-and non-generate calls, are routed like PrefixAffinityRouter does (rendezvous on the key).
+PrefixAffinityRouter does (`routable`). Replicas that left the deployment drop out of the
+index on the next request; a new replica (or a restarted engine: another epoch) starts empty.
+Requests with an explicit routing key, and non-generate calls, are routed like
+PrefixAffinityRouter does (rendezvous on the key).
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ class LLMServer:
         if not self._share.admits(inp, queued, self._config.limits.max_queued_requests):
             raise QueueFullError(
                 f"too many requests waiting on this replica ({queued} >= "
-                f"max_queued_requests={self._config.limits.max_queued_requests}); retry later"
+                f"max_queued_requests={self._config.limits.max_queued_requests}); retry later",
+                replica=self._replica,  # the ingress tries another replica first
             )
         if request.migration:
             logger.info(
@@ -163,7 +164,13 @@ class LLMServer:
             )
         # Samples this call counts in `_in_flight`: a resumed request runs only its unfinished.
         held = len(inp.resume) or inp.params.n
-        self._share.enter(self._queued_tokens, request.request_id, inp, held, self._engine.stats())
+        try:
+            self._share.enter(
+                self._queued_tokens, request.request_id, inp, held, self._engine.stats()
+            )
+        except QueueFullError as err:  # its prompt tokens: named, as above
+            err.replica = self._replica
+            raise
         self._in_flight += held
         self._streams += streamed
         spans = self._spans

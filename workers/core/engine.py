@@ -15,6 +15,7 @@ from collections import deque
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
 from workers.core.engine_stats import engine_stats
+from workers.core.expert_report import latest_expert_tokens, report_experts_if_idle
 from workers.core.output_processor import (
     finish_abort,
     finish_grammar_complete,
@@ -52,8 +53,7 @@ class LLMEngine:
 
         self.tokenizer = Tokenizer.from_pretrained(config.model.path)
         self.executor = executor or create_executor(config, progress=progress)
-        # Only now is the KV cache sized: max_model_len must fit it (capped, or an error for
-        # an explicit max_model_len; see fit_to_kv_cache).
+        # Only now is the KV cache sized: max_model_len must fit it (see fit_to_kv_cache).
         kv_cache_tokens = self.executor.num_blocks * config.cache.block_size
         try:
             config = fit_to_kv_cache(config, kv_cache_tokens)
@@ -74,6 +74,7 @@ class LLMEngine:
         self.lora_slots = LoraSlotTable.of(config, self.executor.lora_adapters)
         self.lora_load_seconds = 0.0
         self.moe_expert_tokens: tuple[tuple[int, ...], ...] = ()  # EngineStats' field
+        self.expert_tokens_step = 0  # num_steps when an idle engine last asked for them
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
@@ -262,6 +263,7 @@ class LLMEngine:
                 outputs.append(self._finish_request(req))
             elif req.params.output_kind is RequestOutputKind.DELTA:
                 outputs.append(request_delta_output(req))
+        report_experts_if_idle(self)  # the last steps' tokens per expert, once idle
         return outputs
 
     def _launch(self, sched: SchedulerOutput) -> Launched:
@@ -296,8 +298,7 @@ class LLMEngine:
         while its step was in flight drops its token."""
         result = launched.pending.result()
         self.lora_load_seconds += result.lora_load_s
-        if result.expert_tokens is not None:
-            self.moe_expert_tokens = result.expert_tokens
+        self.moe_expert_tokens = latest_expert_tokens(self.moe_expert_tokens, result.expert_tokens)
         now = time.monotonic()
         # Before the tokens: a first token may finish (and retire) a scored sequence.
         for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():

@@ -244,7 +244,7 @@ class Worker:
             pending = self._execute(step)
             if pending is not None:
                 pending.lora_load_s = load_s
-                pending.expert_tokens = self._expert_tokens_report()
+                pending.expert_tokens = self._expert_tokens_report(step.report_experts)
             return pending
         finally:
             self.steps += 1
@@ -328,9 +328,12 @@ class Worker:
         self.last_sampled = SampledTokens(sampled.token_ids, {sid: k for k, sid in enumerate(ids)})
         return PendingOutput(ids, sampled.start_to_host(), batch, extras)
 
-    def _expert_tokens_report(self) -> tuple[tuple[int, ...], ...] | None:
-        """Every sparse layer's tokens per expert, about once a second (one host sync)."""
-        if not self.moe_layers or time.monotonic() - self._expert_report_t < EXPERT_REPORT_S:
+    def _expert_tokens_report(self, now: bool = False) -> tuple[tuple[int, ...], ...] | None:
+        """Every sparse layer's tokens per expert, about once a second (one host sync), or
+        `now` (the engine went idle)."""
+        if not self.moe_layers:
+            return None
+        if not now and time.monotonic() - self._expert_report_t < EXPERT_REPORT_S:
             return None
         self._expert_report_t = time.monotonic()
         counts = torch.stack([m.expert_tokens for m in self.moe_layers]).tolist()

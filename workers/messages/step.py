@@ -55,6 +55,9 @@ class StepInput:
     grammar: GrammarBitmask | None = None  # constrained rows only; None when there are none
     # Adapters to put into device slots before this step's forward (workers/lora/slots.py).
     lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
+    # Report the tokens per expert with this step whenever it was last reported (an idle
+    # engine's last counts: workers/core/expert_report.py).
+    report_experts: bool = False
 
 
 @dataclass

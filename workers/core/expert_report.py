@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.core.step import StepInput
+from workers.messages.step import StepInput
 
 ExpertTokens = tuple[tuple[int, ...], ...]
 

@@ -12,6 +12,19 @@ ARG RAY_VERSION=2.60.0
 ARG PYTHON=py311
 # Ray publishes rayproject/ray:<version>-<python>-cu<XY> images (and -gpu, an alias of one).
 ARG CUDA=cu128
+
+# Stage 1: kvray's wheel, built from the sources. The image installs the wheel alone, so it
+# runs exactly what `pip install kvray-*.whl` installs anywhere: a file the wheel lacks fails
+# this build, not a replica at start. (tests/test_packaging.py builds the same wheel.)
+FROM rayproject/ray:${RAY_VERSION}-${PYTHON}-${CUDA} AS wheel
+WORKDIR /home/ray/kvray
+COPY --chown=ray:users pyproject.toml README.md ./
+COPY --chown=ray:users workers/ workers/
+COPY --chown=ray:users cluster/ cluster/
+COPY --chown=ray:users proto/ proto/
+RUN pip wheel --no-cache-dir --no-deps -w dist .
+
+# Stage 2: the serving image.
 FROM rayproject/ray:${RAY_VERSION}-${PYTHON}-${CUDA}
 
 ARG RAY_VERSION
@@ -24,16 +37,17 @@ ARG TORCH_VERSION=2.13.0
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" \
         --index-url "https://download.pytorch.org/whl/${CUDA}"
 
-WORKDIR /home/ray/kvray
-COPY --chown=ray:users pyproject.toml README.md ./
-COPY --chown=ray:users workers/ workers/
-COPY --chown=ray:users cluster/ cluster/
-COPY --chown=ray:users proto/ proto/
+# Not a directory holding the sources: `python -m` imports from the working directory first.
+WORKDIR /home/ray
 
-# Pinning ray keeps pip from replacing the base image's Ray (the cluster's Ray must match).
-# The `otel` extra: the OTLP exporter, for tracing (--otlp-endpoint, the chart's otlpEndpoint).
-RUN pip install --no-cache-dir ".[otel]" "ray[serve]==${RAY_VERSION}" "torch==${TORCH_VERSION}" \
-    && python -c "import cluster.app, workers, kvray.v1.llm_pb2_grpc" \
+# The wheel is mounted from stage 1, not copied: no layer keeps it. Pinning ray keeps pip from
+# replacing the base image's Ray (the cluster's Ray must match). The `otel` extra: the OTLP
+# exporter, for tracing (--otlp-endpoint, the chart's otlpEndpoint). Then every module of the
+# install is imported (cluster/install_check.py), and the CLI's entry point run.
+RUN --mount=type=bind,from=wheel,source=/home/ray/kvray/dist,target=/tmp/kvray-dist \
+    pip install --no-cache-dir "$(echo /tmp/kvray-dist/kvray-*.whl)[otel]" \
+        "ray[serve]==${RAY_VERSION}" "torch==${TORCH_VERSION}" \
+    && python -m cluster.install_check \
     && kvray --help > /dev/null
 
 # The CPU kernels compiled now, not on a CPU replica's first request: the library lands in the
@@ -44,4 +58,3 @@ RUN python -m workers.device.layers.cpu_kernels
 
 # Ray's images run as the unprivileged user `ray`; KubeRay starts `ray start` in this image.
 USER ray
-WORKDIR /home/ray

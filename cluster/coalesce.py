@@ -3,9 +3,9 @@
 Every streamed output costs a message at each hop (replica -> ingress -> proxy -> client),
 and on a busy machine those hops fall behind the engine. `coalesced(stream)` reads the stream
 in a background task and hands the consumer everything that arrived since it last asked,
-merged into one RequestOutput (the latest state, deltas concatenated). An idle
-consumer gets each output as soon as it exists, so latency is unchanged; a lagging one gets
-fewer, larger messages instead of a growing backlog.
+merged into one RequestOutput (`workers.outputs.merge_outputs`: the latest state, deltas
+concatenated). An idle consumer gets each output as soon as it exists, so latency is
+unchanged; a lagging one gets fewer, larger messages instead of a growing backlog.
 
 Serve ships a replica's yields without ever blocking the generator, so on its own the merging
 above rarely kicks in there; `interval_s` adds a floor between two yields (the first output
@@ -19,42 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 
-from workers.outputs import CompletionOutput, RequestOutput
-
-
-def merge_outputs(outs: Sequence[RequestOutput]) -> RequestOutput:
-    """One RequestOutput equivalent to `outs` in order: the last state of each sample, all
-    its deltas, and its finish reason even if only an earlier output carried it (a delta
-    output reports a sample's finish once)."""
-    last = outs[-1]
-    if len(outs) == 1:
-        return last
-    parts_of: dict[int, list[CompletionOutput]] = {}
-    for o in outs:
-        for c in o.outputs:
-            parts_of.setdefault(c.index, []).append(c)
-    merged: list[CompletionOutput] = []
-    for index in sorted(parts_of):
-        parts = parts_of[index]
-        c = parts[-1]
-        done = next((p for p in reversed(parts) if p.finish_reason is not None), c)
-        lps = [p.delta_logprobs for p in parts if p.delta_logprobs]
-        merged.append(
-            dataclasses.replace(
-                c,
-                finish_reason=done.finish_reason,
-                stop_reason=done.stop_reason,
-                delta_text="".join(p.delta_text for p in parts),
-                delta_token_ids=[t for p in parts for t in p.delta_token_ids],
-                delta_logprobs=[x for lp in lps for x in lp] if lps else c.delta_logprobs,
-            )
-        )
-    # The prompt logprobs ride on one running output (the first after the prompt): keep them.
-    prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs), last.prompt_logprobs)
-    return dataclasses.replace(last, outputs=merged, prompt_logprobs=prompt_lps)
+from workers.outputs import RequestOutput, merge_outputs
 
 
 async def coalesced(

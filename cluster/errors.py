@@ -54,15 +54,25 @@ class InvalidRequestError(KvrayError):
 
 
 class QueueFullError(KvrayError):
-    """The replica's waiting queue is at its cap (HTTP 429 + Retry-After, RESOURCE_EXHAUSTED)."""
+    """The replica's waiting queue is at its cap (HTTP 429 + Retry-After, RESOURCE_EXHAUSTED).
+
+    `replica`: the engine replica that refused (its Serve id), which the ingress then tries
+    another replica instead of (cluster/ingress/migration.py); None: Serve's own queue cap.
+    """
 
     http_status = 429
     openai_type = "rate_limit_exceeded"
     grpc_code = "RESOURCE_EXHAUSTED"
 
-    def __init__(self, message: str = "server is at capacity", retry_after_s: int = 1) -> None:
+    def __init__(
+        self,
+        message: str = "server is at capacity",
+        retry_after_s: int = 1,
+        replica: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.replica = replica
 
 
 # What made a request move to another replica: the label of kvray_request_migrations_total.

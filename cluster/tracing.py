@@ -54,21 +54,21 @@ class TracingUnavailableError(RuntimeError):
 
 
 def setup_tracing(config: ServeConfig, deployment: str) -> Tracing | None:
-    """This process's Tracing when `config.otlp_endpoint` is set, else None (tracing off).
+    """This process's Tracing when `config.tracing.otlp_endpoint` is set, else None (tracing off).
 
     Called once by each ingress and engine replica as it starts; raises
     TracingUnavailableError (naming the extra to install) when the exporter is missing."""
-    if not config.otlp_endpoint:
+    if not config.tracing.otlp_endpoint:
         return None
     return Tracing.with_exporter(
-        otlp_exporter(config.otlp_endpoint), deployment, config.otlp_sample_ratio
+        otlp_exporter(config.tracing.otlp_endpoint), deployment, config.tracing.otlp_sample_ratio
     )
 
 
 def exporter_missing(config: ServeConfig) -> str | None:
     """Why `config`'s tracing cannot start in this Python, or None: checked by `kvray serve`
     before it starts a local Ray, whose replicas run this Python."""
-    if not config.otlp_endpoint:
+    if not config.tracing.otlp_endpoint:
         return None
     try:
         found = importlib.util.find_spec(OTLP_EXPORTER_MODULE) is not None

@@ -91,7 +91,7 @@ def ray_session(demo_dir: Path) -> Iterator[RaySession]:
     # so its handles route on Serve's own loop and work from sync code and asyncio.run alike.
     from ray import serve
 
-    from cluster.serve_env import LOCAL_SERVE_ENV, SERVE_ENV, apply_serve_env
+    from cluster.deploy.serve_env import LOCAL_SERVE_ENV, SERVE_ENV, apply_serve_env
 
     # A local Ray instance's processes inherit this process's environment when it starts:
     # the API key the test apps read, and kvray's Serve settings. KVRAY_API_KEY must not leak

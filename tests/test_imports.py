@@ -1,9 +1,11 @@
 """The import graph of a package: no cycles, and no edge into a package it must never use.
 
-Every `import` statement counts, wherever it is (module top, inside a function, under
-`if TYPE_CHECKING:`): a lazy import still means the two modules know each other, and a cycle
-hidden behind one breaks as soon as someone moves it to the top. Implicit parent-package
-imports (`import a.b` also runs `a/__init__.py`) are not edges.
+Every `import` statement that runs counts, wherever it is (module top, inside a function): a
+lazy import still means the two modules know each other, and a cycle hidden behind one breaks
+as soon as someone moves it to the top. Imports under `if TYPE_CHECKING:` never run: they only
+let a signature name a type (`cfg: ServeConfig` in a module its config imports), so they are
+not edges. Implicit parent-package imports (`import a.b` also runs `a/__init__.py`) are not
+edges either.
 
 `import_graph` and `find_cycles` take any package under the repository root, so the same
 check serves other packages (parametrize `PACKAGES`).
@@ -38,10 +40,19 @@ LAYOUT_RULES: dict[str, tuple[list[str], str]] = {
         "the caller's side talks to an engine core, never to a device",
     ),
     "workers.device": (
-        ["workers.frontend", "workers.executor"],
-        "a worker answers its executor; it does not know who drives it",
+        ["workers.frontend", "workers.executor", "workers.core"],
+        "a worker answers its executor with workers.messages; it does not know who drives it",
     ),
-    "workers.executor": (["workers.frontend"], "the executor runs under the core"),
+    "workers.executor": (
+        ["workers.frontend", "workers.core"],
+        "the executor runs under the core and speaks to it in workers.messages",
+    ),
+    # The boundary messages are plain data both sides import (messages.core carries the
+    # core's report types, EngineStats and KvEvent, from workers.core).
+    "workers.messages": (
+        ["workers.frontend", "workers.executor", "workers.device"],
+        "messages are data both sides of a boundary import",
+    ),
     # Ingress replicas host the router in their handle; neither runs an engine.
     "cluster.routing": (
         ["cluster.replica", "cluster.http", "cluster.grpc_api"],
@@ -60,7 +71,13 @@ LAYOUT_RULES: dict[str, tuple[list[str], str]] = {
     ),
 }
 # Subpackages whose modules never import torch, at any depth of their own statements.
-TORCH_FREE = ["workers.core", "workers.frontend", "workers.executor.base", "cluster.routing"]
+TORCH_FREE = [
+    "workers.core",
+    "workers.frontend",
+    "workers.messages",
+    "workers.executor.base",
+    "cluster.routing",
+]
 MAX_LINES = 400
 
 
@@ -82,7 +99,7 @@ def import_statements(module: str, path: Path) -> list[tuple[str, list[str]]]:
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
     statements: list[tuple[str, list[str]]] = []
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             statements.extend((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -94,6 +111,27 @@ def import_statements(module: str, path: Path) -> list[tuple[str, list[str]]]:
                 base = ".".join(anchor + ([node.module] if node.module else []))
             statements.append((base, [alias.name for alias in node.names]))
     return statements
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`);
+    an `else:` of such an `if` does run, so it is kept."""
+    nodes: list[ast.AST] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
 
 
 def import_graph(package: str, root: Path = ROOT) -> dict[str, set[str]]:
@@ -183,13 +221,30 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle(tmp_path: Path) -> None:
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from pkg.sub import b\n")
     (pkg / "sub" / "b.py").write_text("def f():\n    from ..c import g\n")
-    (pkg / "c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from pkg import a\n")
+    (pkg / "c.py").write_text("import typing\ndef h():\n    from pkg import a\n")
     (pkg / "d.py").write_text("from pkg.a import x\n")
     graph = import_graph("pkg", tmp_path)
     assert graph["pkg.a"] == {"pkg.sub.b"}
     assert graph["pkg.sub.b"] == {"pkg.c"}
     assert find_cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     assert external_imports("pkg", tmp_path)["pkg.c"] == {"typing", "pkg"}
+
+
+def test_type_checking_imports_are_not_edges(tmp_path: Path) -> None:
+    """A module may name a type of a module that imports it: that import never runs."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text(
+        "import typing\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg import a\n"
+        "if typing.TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.c\n"
+    )
+    (pkg / "c.py").write_text("")
+    graph = import_graph("pkg", tmp_path)
+    assert graph["pkg.b"] == {"pkg.c"}  # the else branch runs
+    assert find_cycles(graph) == []
 
 
 def _within(module: str, prefix: str) -> bool:

@@ -3,8 +3,11 @@
 `InputChecker` holds the limits of one served model (vocabulary, max_model_len, and the KV
 cache's capacity for one sequence, which caps max_model_len at start-up) and is the
 only place a request is validated: the ingresses call it before routing, the offline `LLM`
-and `AsyncEngine.generate` call it for raw prompts. Everything behind it (LLMServer, the
-engine cores, `LLMEngine.add_request`) trusts an EngineInput as it is. Errors are ValueErrors
+and `AsyncEngine.generate` call it for raw prompts. A request is checked once
+(`InputChecker.request`: its SamplingParams, priority, adapter and tenant), then each of its
+prompts (`CheckedRequest.input`), which gives the EngineInput as the engine runs it; `check`
+does both for a request of one prompt. Everything behind it (LLMServer, the engine cores,
+`LLMEngine.add_request`) trusts an EngineInput as it is. Errors are ValueErrors
 whose message starts with the field they blame ("prompt ...", "max_tokens ...", "top_p ..."),
 which is how `cluster.errors.invalid_from_value_error` names the field.
 """
@@ -81,6 +84,27 @@ class InputChecker:
             "(a larger KV cache raises it)"
         )
 
+    def request(
+        self,
+        params: SamplingParams,
+        priority: int = 0,
+        *,
+        lora: LoRARequest | None = None,
+        tenant: str | None = None,
+    ) -> CheckedRequest:
+        """Validates what a request asks of every one of its prompts (params, priority) once;
+        its prompts are then checked each by the result (a completions request carries many)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        # Again, though construction validated: the dataclass is mutable and callers may have
+        # changed a field since.
+        params.validate()
+        if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) >= 2**31:
+            raise ValueError(f"priority must be a 32-bit integer, got {priority!r}")
+        if lora is not None and not isinstance(lora, LoRARequest):
+            raise ValueError(f"lora must be a LoRARequest, got {type(lora).__name__}")
+        return CheckedRequest(self, params, priority, lora, tenant)
+
     def check(
         self,
         prompt_token_ids: Sequence[int],
@@ -88,13 +112,35 @@ class InputChecker:
         prompt: str | None = None,
         field: str = "prompt",
         priority: int = 0,
+        *,
+        lora: LoRARequest | None = None,
+        tenant: str | None = None,
     ) -> EngineInput:
-        """Validates params and token ids; `field` names the prompt in error messages."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams")
-        params.validate()
-        if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) >= 2**31:
-            raise ValueError(f"priority must be a 32-bit integer, got {priority!r}")
+        """A request of one prompt, as the engine runs it (under `lora`, for `tenant`);
+        `field` names the prompt in error messages."""
+        req = self.request(params, priority, lora=lora, tenant=tenant)
+        return req.input(prompt_token_ids, prompt, field)
+
+    def check_prompt(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        tokenizer: _Encoder,
+        field: str = "prompt",
+        priority: int = 0,
+        *,
+        lora: LoRARequest | None = None,
+        tenant: str | None = None,
+    ) -> EngineInput:
+        """`check` for a prompt given as text (encoded with `tokenizer`) or as token ids."""
+        req = self.request(params, priority, lora=lora, tenant=tenant)
+        return req.prompt(prompt, tokenizer, field)
+
+    def token_ids(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, field: str
+    ) -> tuple[int, ...]:
+        """The prompt's ids, in the vocabulary and leaving room for max_tokens (`params`
+        validated already)."""
         if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
             raise ValueError(f"{field} must be a list of token ids")
         ids = tuple(prompt_token_ids)
@@ -109,7 +155,7 @@ class InputChecker:
             # An embedding request generates nothing: the prompt may fill the whole context.
             if len(ids) > limit:
                 raise ValueError(f"{field} is {len(ids)} tokens, over {named}")
-            return EngineInput(ids, params, prompt, priority=priority)
+            return ids
         if len(ids) >= limit:
             raise ValueError(
                 f"{field} is {len(ids)} tokens, which leaves no room to generate within {named}"
@@ -118,24 +164,7 @@ class InputChecker:
             raise ValueError(
                 f"max_tokens ({params.max_tokens}) + {field} length ({len(ids)}) exceeds {named}"
             )
-        return EngineInput(ids, params, prompt, priority=priority)
-
-    def check_prompt(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        tokenizer: _Encoder,
-        field: str = "prompt",
-        priority: int = 0,
-    ) -> EngineInput:
-        """`check` for a prompt given as text (encoded with `tokenizer`) or as token ids."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError(f"{field} must not be empty")
-            return self.check(tokenizer.encode(prompt), params, prompt, field, priority)
-        if not isinstance(prompt, (list, tuple)) or not prompt:
-            raise ValueError(f"{field} must be a non-empty string or a non-empty list of token ids")
-        return self.check(prompt, params, None, field, priority)
+        return ids
 
     def check_resume(self, inp: EngineInput, samples: Sequence[ResumedSample]) -> EngineInput:
         """`inp` (checked already) continuing from `samples`: the unfinished samples of an
@@ -187,3 +216,36 @@ class InputChecker:
                 )
         ordered = tuple(sorted(samples, key=lambda s: s.index))
         return replace(inp, resume=ordered)
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request whose params, priority, adapter and tenant are checked (`InputChecker.request`);
+    each of its prompts becomes an EngineInput through `input` or `prompt`."""
+
+    checker: InputChecker
+    params: SamplingParams
+    priority: int = 0
+    lora: LoRARequest | None = None
+    tenant: str | None = None
+
+    def input(
+        self, prompt_token_ids: Sequence[int], prompt: str | None = None, field: str = "prompt"
+    ) -> EngineInput:
+        """One prompt's token ids checked against the model; `field` names it in errors."""
+        ids = self.checker.token_ids(prompt_token_ids, self.params, field)
+        return EngineInput(
+            ids, self.params, prompt, priority=self.priority, tenant=self.tenant, lora=self.lora
+        )
+
+    def prompt(
+        self, prompt: str | Sequence[int], tokenizer: _Encoder, field: str = "prompt"
+    ) -> EngineInput:
+        """`input` for a prompt given as text (encoded with `tokenizer`) or as token ids."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"{field} must not be empty")
+            return self.input(tokenizer.encode(prompt), prompt, field)
+        if not isinstance(prompt, (list, tuple)) or not prompt:
+            raise ValueError(f"{field} must be a non-empty string or a non-empty list of token ids")
+        return self.input(prompt, None, field)

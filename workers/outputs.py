@@ -10,12 +10,15 @@ Which outputs a request gets is its `SamplingParams.output_kind`:
 
 Either way the finished output (`finished=True`) carries everything: the cumulative fields,
 the last delta and `metrics`. The engine builds only what the kind asks for, so nothing is
-built to be thrown away (vLLM's `RequestOutputKind` is the model).
+built to be thrown away (vLLM's `RequestOutputKind` is the model). `merge_outputs` folds a run
+of a request's outputs into one (a stream that fell behind sends fewer, larger chunks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # The stop_reason of a request that no engine step took before its queue timeout (its
@@ -97,3 +100,35 @@ def ended_unrun(out: RequestOutput, stop_reason: str) -> bool:
 def is_queue_timeout(out: RequestOutput) -> bool:
     """Whether a finished output is a request that timed out in the queue, unrun."""
     return ended_unrun(out, QUEUE_TIMEOUT)
+
+
+def merge_outputs(outs: Sequence[RequestOutput]) -> RequestOutput:
+    """One RequestOutput equivalent to `outs` in order: the last state of each sample, all
+    its deltas, and its finish reason even if only an earlier output carried it (a delta
+    output reports a sample's finish once)."""
+    last = outs[-1]
+    if len(outs) == 1:
+        return last
+    parts_of: dict[int, list[CompletionOutput]] = {}
+    for o in outs:
+        for c in o.outputs:
+            parts_of.setdefault(c.index, []).append(c)
+    merged: list[CompletionOutput] = []
+    for index in sorted(parts_of):
+        parts = parts_of[index]
+        c = parts[-1]
+        done = next((p for p in reversed(parts) if p.finish_reason is not None), c)
+        lps = [p.delta_logprobs for p in parts if p.delta_logprobs]
+        merged.append(
+            dataclasses.replace(
+                c,
+                finish_reason=done.finish_reason,
+                stop_reason=done.stop_reason,
+                delta_text="".join(p.delta_text for p in parts),
+                delta_token_ids=[t for p in parts for t in p.delta_token_ids],
+                delta_logprobs=[x for lp in lps for x in lp] if lps else c.delta_logprobs,
+            )
+        )
+    # The prompt logprobs ride on one running output (the first after the prompt): keep them.
+    prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs), last.prompt_logprobs)
+    return dataclasses.replace(last, outputs=merged, prompt_logprobs=prompt_lps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -61,6 +62,15 @@ class SamplingParams:
         self.stop = list(self.stop) if self.stop is not None else []
         self.stop_token_ids = list(self.stop_token_ids) if self.stop_token_ids else []
         self.validate()
+
+    def derived(self, **changes: object) -> SamplingParams:
+        """A copy with `changes`, not validated again (`dataclasses.replace` would): for the
+        engine, which derives each sample's params (its seed, the EOS ids) from checked ones,
+        so a request's params are validated once, by the input check, not once per sample."""
+        new = copy.copy(self)
+        for name, value in changes.items():
+            setattr(new, name, value)
+        return new
 
     @property
     def greedy(self) -> bool:

@@ -181,7 +181,7 @@ async def run_lines(
     number of lines, when known) sizes the progress bar."""
     import aiohttp
 
-    from cluster.bench.throughput_run import progress_bar
+    from cluster.bench.throughput.run import progress_bar
 
     writer = OrderedWriter(out)
     parser = LineParser()

@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve_config(config: ServeConfig, host: str, port: int, grpc_port: int) -> dict[str, Any]:
     """The Serve config document (the schema `serve deploy` validates)."""
+    from cluster.deploy.liveness import liveness_app_spec
     from cluster.grpc_api.ingress import grpc_options
-    from cluster.liveness import liveness_app_spec
 
     return {
         "proxy_location": "EveryNode",
@@ -43,7 +43,7 @@ def serve_config(config: ServeConfig, host: str, port: int, grpc_port: int) -> d
                 "import_path": IMPORT_PATH,
                 "args": config.to_args(),
             },
-            # GET /health from a replica of its own (cluster/liveness.py).
+            # GET /health from a replica of its own (cluster/deploy/liveness.py).
             liveness_app_spec(APP_NAME, "/"),
         ],
     }
@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if api_key_from(args):
         print(
-            f"kvray config: the API key is not written to the YAML; set {config.api_key_env} "
-            "in the cluster's environment instead",
+            "kvray config: the API key is not written to the YAML; set "
+            f"{config.network.api_key_env} in the cluster's environment instead",
             file=sys.stderr,
         )
     doc = serve_config(config, args.host, args.port, args.grpc_port)
-    text = render(doc, args.metrics_port, config.api_key_env)
+    text = render(doc, args.metrics_port, config.network.api_key_env)
     if args.output == "-":
         sys.stdout.write(text)
     else:
@@ -86,8 +86,11 @@ def run(args: argparse.Namespace) -> int:
 
 def http_options(config: ServeConfig, host: str, port: int) -> dict[str, Any]:
     """Serve's http_options: where HTTP listens, and its TLS files when the config has them
-    (Serve's own proxy terminates TLS; see cluster/serve_env.py)."""
+    (Serve's own proxy terminates TLS; see cluster/deploy/serve_env.py)."""
     options: dict[str, Any] = {"host": host, "port": port}
-    if config.tls:
-        options |= {"ssl_certfile": config.tls_cert_file, "ssl_keyfile": config.tls_key_file}
+    if config.network.tls:
+        options |= {
+            "ssl_certfile": config.network.tls_cert_file,
+            "ssl_keyfile": config.network.tls_key_file,
+        }
     return options

@@ -1,9 +1,9 @@
 """The flags `kvray serve` and `kvray config` share, and their translation into a ServeConfig.
 
-The ServeConfig flags are generated from the config's fields (their default, type and the
-`Flag` metadata holding help text, group and spelling: cluster/config.py), so each default
-and help text is written once. Only the flags that are not part of the Serve application
-(where to listen, the API key itself) are written here.
+The ServeConfig flags are generated from the settings its sections declare (their default,
+type and the `Setting` holding help text, group and spelling: cluster/config/setting.py), so
+each default and help text is written once. Only the flags that are not part of the Serve
+application (where to listen, the API key itself) are written here.
 
 Imported by `kvray --help`: nothing heavy (no ray, torch, transformers) at module level.
 """
@@ -14,24 +14,15 @@ import argparse
 import os
 import types
 import typing
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field
 from typing import Any
 
-from cluster.config import (
-    DEFAULT_HTTP_PORT,
-    DEFAULT_METRICS_PORT,
-    LORA_GROUP,
-    MODEL_GROUP,
-    NETWORK_GROUP,
-    REPLICAS_GROUP,
-    Flag,
-    ServeConfig,
-)
-from cluster.config_lora import absolute_modules, parse_lora_modules
+from cluster.config.lora import absolute_modules, parse_lora_modules
+from cluster.config.network import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
+from cluster.config.serve import SECTIONS, ServeConfig
+from cluster.config.setting import GROUPS, NETWORK_GROUP, Setting
+from cluster.config.units import parse_size
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
-from cluster.units import parse_size
-
-GROUPS = (MODEL_GROUP, LORA_GROUP, REPLICAS_GROUP, NETWORK_GROUP)
 
 
 def size_arg(text: str) -> int:
@@ -63,7 +54,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, default_host: str) -> None:
     n.add_argument(
         "--api-key",
         default=None,
-        help=f"require 'Authorization: Bearer KEY' (default: ${ServeConfig().api_key_env}, if set)",
+        help="require 'Authorization: Bearer KEY' "
+        f"(default: ${ServeConfig().network.api_key_env}, if set)",
     )
     add_config_flags(parser, groups)
 
@@ -71,19 +63,21 @@ def add_serve_flags(parser: argparse.ArgumentParser, default_host: str) -> None:
 def add_config_flags(
     parser: argparse.ArgumentParser, groups: dict[str, argparse._ArgumentGroup] | None = None
 ) -> None:
-    """The ServeConfig fields' flags alone, each in its group (field order within a group):
-    for a command that starts the app but listens nowhere itself (`kvray run-batch`)."""
+    """The ServeConfig settings' flags alone, each in its group (section by section, field
+    order within a section): for a command that starts the app but listens nowhere itself
+    (`kvray run-batch`)."""
     if groups is None:
         groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    hints = typing.get_type_hints(ServeConfig)
-    for f in fields(ServeConfig):
-        flag: Flag = f.metadata["flag"]
+    hints = {key: h for cls in SECTIONS.values() for key, h in typing.get_type_hints(cls).items()}
+    for _, f, flag in ServeConfig.settings():
         _add_field_flag(groups[flag.group], f, flag, hints[f.name])
 
 
-def _add_field_flag(group: argparse._ArgumentGroup, f: Field[Any], flag: Flag, hint: Any) -> None:
-    assert f.default is not MISSING, f"ServeConfig.{f.name} needs a default"
-    name = flag.name or "--" + f.name.replace("_", "-")
+def _add_field_flag(
+    group: argparse._ArgumentGroup, f: Field[Any], flag: Setting, hint: Any
+) -> None:
+    assert f.default is not MISSING, f"setting {f.name} needs a default"
+    name = flag.flag(f.name)
     names = [name, *flag.aliases]
     if isinstance(f.default, bool):
         # A boolean that defaults to on has a flag that turns it off (--no-prefix-caching);
@@ -125,14 +119,15 @@ def _base_type(hint: Any) -> Any:
 
 def config_from_flags(args: argparse.Namespace) -> ServeConfig:
     """ServeConfig from parsed flags; raises ValueError naming a bad field."""
-    values = {f.name: getattr(args, f.name) for f in fields(ServeConfig)}
-    for f in fields(ServeConfig):
-        kind = f.metadata["flag"].kind
-        if kind == "path" and values[f.name]:
-            values[f.name] = os.path.abspath(values[f.name])
-        elif kind == "lora_modules":
-            values[f.name] = absolute_modules(parse_lora_modules(values[f.name]))
-    return ServeConfig(**values)
+    values: dict[str, Any] = {}
+    for _, f, flag in ServeConfig.settings():
+        value = getattr(args, f.name)
+        if flag.kind == "path" and value:
+            value = os.path.abspath(value)
+        elif flag.kind == "lora_modules":
+            value = absolute_modules(parse_lora_modules(value))
+        values[f.name] = value
+    return ServeConfig.from_flat(**values)
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:

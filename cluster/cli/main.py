@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from cluster.config import DEFAULT_HTTP_PORT
+from cluster.config.network import DEFAULT_HTTP_PORT
 from cluster.grpc_api.ingress import DEFAULT_GRPC_PORT
 
 # (subcommand path, module, one-line help)
@@ -24,14 +24,22 @@ _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "run a file of requests in OpenAI's batch format (JSONL), one result per line",
     ),
     (("config",), "cluster.cli.config", "write the Serve config YAML that `serve deploy` takes"),
-    (("bench", "throughput"), "cluster.bench.throughput", "offline throughput vs transformers"),
-    (("bench", "serve"), "cluster.bench.serve", "online latency/throughput against a server"),
+    (
+        ("bench", "throughput"),
+        "cluster.bench.throughput.main",
+        "offline throughput vs transformers",
+    ),
+    (("bench", "serve"), "cluster.bench.serve.main", "online latency/throughput against a server"),
     (
         ("bench", "kernels"),
-        "cluster.bench.kernels",
+        "cluster.bench.kernels.main",
         "the CPU kernels against torch's ops, per step size",
     ),
-    (("bench", "step"), "cluster.bench.step", "one engine step: time, ops, memory-bandwidth share"),
+    (
+        ("bench", "step"),
+        "cluster.bench.step.main",
+        "one engine step: time, ops, memory-bandwidth share",
+    ),
 ]
 
 

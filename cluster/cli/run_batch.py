@@ -29,7 +29,6 @@ import stat
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from types import FrameType
 from typing import TextIO
 
@@ -88,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     b.add_argument(
         "--api-key",
-        help=f"--base-url's key (default: ${ServeConfig().api_key_env}, or the variable "
+        help=f"--base-url's key (default: ${ServeConfig().network.api_key_env}, or the variable "
         "--api-key-env names)",
     )
     b.add_argument(
@@ -218,12 +217,12 @@ def _checked_config(args: argparse.Namespace) -> ServeConfig:
     config = config_from_flags(args)
     if args.base_url:
         # --api-key-env is the one config flag a remote run uses (it names the key's variable).
-        if replace(config, api_key_env=ServeConfig().api_key_env) != ServeConfig():
+        if config.replace(api_key_env=ServeConfig().network.api_key_env) != ServeConfig():
             raise ValueError(
                 "the model, engine and replica flags configure a local server: leave them "
                 "out with --base-url"
             )
-    elif config.tls:
+    elif config.network.tls:
         raise ValueError(
             "--tls-cert/--tls-key: the local server listens on 127.0.0.1 only, over plain HTTP"
         )
@@ -267,8 +266,12 @@ def _reconfigure(stream: TextIO, **options: str) -> None:
 
 def local_concurrency(config: ServeConfig) -> int:
     """Enough requests in flight to fill every replica's sequence slots (none queue)."""
-    replicas = config.max_replicas if config.max_replicas is not None else config.num_replicas
-    return max(1, replicas * config.max_num_seqs)
+    replicas = (
+        config.autoscaling.max_replicas
+        if config.autoscaling.max_replicas is not None
+        else config.replicas.num_replicas
+    )
+    return max(1, replicas * config.engine.max_num_seqs)
 
 
 @contextlib.contextmanager
@@ -278,7 +281,7 @@ def local_server(config: ServeConfig, log_level: str) -> Iterator[tuple[str, str
     RuntimeError when a port is taken or the application does not start."""
     from cluster.cli import serve as serve_cmd
     from cluster.cli.ports import check_ports
-    from cluster.serve_env import apply_serve_env
+    from cluster.deploy.serve_env import apply_serve_env
 
     # Before anything imports ray.serve: Serve's settings (and free ports for its other
     # listeners) for the Ray instance this process starts.

@@ -48,9 +48,7 @@ from cluster.cli.ports import (
     stop_processes,
 )
 from cluster.config import ServeConfig
-from cluster.config_lora import lora_modules_missing
-from cluster.config_tenants import keys_file_missing
-from cluster.serve_env import SERVE_ENV, apply_serve_env
+from cluster.deploy.serve_env import SERVE_ENV, apply_serve_env
 from cluster.tracing import exporter_missing
 
 logger = logging.getLogger("kvray.serve")
@@ -97,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvray serve: {err}", file=sys.stderr)
         return 2
     # A local Ray reads these files here (the adapters' content: when the ingress starts).
-    missing = not args.address and (keys_file_missing(config) or lora_modules_missing(config))
+    missing = not args.address and (
+        config.tenants.keys_file_missing() or config.lora.modules_missing()
+    )
     if missing:
         print(f"kvray serve: {missing}", file=sys.stderr)
         return 2
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.address:
         # Before anything imports ray.serve: this process starts the local Serve instance and
         # every Ray process inherits its environment.
-        apply_serve_env(tls=config.tls)
+        apply_serve_env(tls=config.network.tls)
         # The replicas of a local Ray run this Python: tracing's exporter must be here.
         problem = exporter_missing(config) or check_ports(local_listeners(args))
         if problem:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         shutdown(args.address, drain_timeout_s=0.0)
         return 1
     stop = _install_signal_handlers()
-    auth = api_key is not None or config.api_keys_file is not None
+    auth = api_key is not None or config.tenants.api_keys_file is not None
     print(banner(config, args, auth, ray_logs_dir()), flush=True)
     while not stop.wait(1.0):
         pass
@@ -167,16 +167,16 @@ def start(
     import ray
     from ray import serve
 
-    from cluster.app import build_run_app
-    from cluster.liveness import run_liveness_app
+    from cluster.deploy.app import build_run_app
+    from cluster.deploy.liveness import run_liveness_app
 
     levels = console_logging(args.log_level)
     runtime_env = {}
     if api_key:
         # Local Ray workers inherit the driver's environment; a joined cluster gets the key
         # through the job's runtime env (never through the Serve config).
-        os.environ[config.api_key_env] = api_key
-        runtime_env = {"env_vars": {config.api_key_env: api_key}}
+        os.environ[config.network.api_key_env] = api_key
+        runtime_env = {"env_vars": {config.network.api_key_env: api_key}}
     if args.address:
         logger.info("joining the Ray cluster at %s", args.address)
         logger.info(
@@ -189,8 +189,12 @@ def start(
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
     else:
         # Each engine replica reserves one CPU per TP rank; a small machine still runs them.
-        replicas = config.max_replicas or config.min_replicas or config.num_replicas
-        cpus = max(os.cpu_count() or 1, replicas * config.tensor_parallel_size + 1)
+        replicas = (
+            config.autoscaling.max_replicas
+            or config.autoscaling.min_replicas
+            or config.replicas.num_replicas
+        )
+        cpus = max(os.cpu_count() or 1, replicas * config.engine.tensor_parallel_size + 1)
         logger.info(
             "starting a local Ray instance (%d logical CPUs, metrics export port %d)",
             cpus,
@@ -206,7 +210,7 @@ def start(
         )
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
     _quiet_ray(levels, joined=bool(args.address))
-    if not args.address and config.model is None:
+    if not args.address and config.engine.model is None:
         from workers.demo import demo_model_dir
 
         logger.info("preparing the built-in demo model")
@@ -223,10 +227,10 @@ def start(
     )
     logger.info(
         "deploying %s: %s replica(s) of LLMServer (tp=%d), router %s",
-        config.model_name(),
+        config.engine.model_name(),
         _replica_text(config),
-        config.tensor_parallel_size,
-        config.request_router,
+        config.engine.tensor_parallel_size,
+        config.replicas.request_router,
     )
     t0 = time.monotonic()
     serve.run(build_run_app(config, code_version), name=APP_NAME, route_prefix="/")
@@ -249,15 +253,16 @@ def banner(
     config: ServeConfig, args: argparse.Namespace, auth: bool, logs_dir: str | None = None
 ) -> str:
     host = args.host
-    base = f"{'https' if config.tls else 'http'}://{host}:{args.port}"
-    auth_header = f' -H "Authorization: Bearer ${config.api_key_env}"' if auth else ""
-    body = f'{{"model": "{config.model_name()}", "prompt": "Once upon a time", "max_tokens": 32}}'
+    base = f"{'https' if config.network.tls else 'http'}://{host}:{args.port}"
+    auth_header = f' -H "Authorization: Bearer ${config.network.api_key_env}"' if auth else ""
+    model = config.engine.model_name()
+    body = f'{{"model": "{model}", "prompt": "Once upon a time", "max_tokens": 32}}'
     lines = [
-        f"kvray is serving {config.model_name()} ({_replica_text(config)} replica(s))",
+        f"kvray is serving {model} ({_replica_text(config)} replica(s))",
         f"  OpenAI API : {base}/v1   (health: {base}/health)",
     ]
     lines += [
-        f"  gRPC       : {host}:{args.grpc_port}{' (TLS)' if config.tls else ''}   "
+        f"  gRPC       : {host}:{args.grpc_port}{' (TLS)' if config.network.tls else ''}   "
         "(kvray.v1.LLMService, grpc.health.v1)",
         f"  metrics    : http://{host}:{args.metrics_port}/metrics",
         f"  auth       : {'Bearer key required' if auth else 'off'}",
@@ -275,7 +280,11 @@ def banner(
 
 def _replica_text(config: ServeConfig) -> str:
     auto = config.autoscaling_config()
-    return f"{auto['min_replicas']}-{auto['max_replicas']}" if auto else str(config.num_replicas)
+    return (
+        f"{auto['min_replicas']}-{auto['max_replicas']}"
+        if auto
+        else str(config.replicas.num_replicas)
+    )
 
 
 def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -300,8 +309,8 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
 
+    from cluster.deploy.liveness import liveness_app_name
     from cluster.ingress.lora_registry import delete_registry
-    from cluster.liveness import liveness_app_name
 
     if not ray.is_initialized():
         return
@@ -334,7 +343,7 @@ def _announce_draining(config: ServeConfig, code_version: str) -> None:
     Waits at most DRAIN_NOTICE_TIMEOUT_S: shutting down must not hang on it."""
     from ray import serve
 
-    from cluster.app import build_run_app
+    from cluster.deploy.app import build_run_app
 
     def redeploy() -> None:
         try:

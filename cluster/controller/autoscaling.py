@@ -15,8 +15,9 @@ Hysteresis, so a burst's tail or one idle second does not flap the replica count
   before it is acted on; a change of mind restarts the clock;
 - never down while replicas are still starting: they have reported no load yet, and their
   silence is not idleness (a fresh deployment would otherwise stop its first replica).
-Serve's own delays are set to 0 (cluster/config.py) so these are the only ones. From zero
-replicas Serve itself starts one at the first request (its cold-start path), without delay.
+Serve's own delays are set to 0 (cluster/config/autoscaling.py) so these are the only ones.
+From zero replicas Serve itself starts one at the first request (its cold-start path),
+without delay.
 
 Serve pickles this module by value into its controller, whose import path may not hold the
 kvray tree: it must import nothing from kvray, only the standard library.

@@ -67,7 +67,10 @@ class GrpcSettings:
 
     @staticmethod
     def from_config(config: ServeConfig, **overrides: Any) -> GrpcSettings:
-        base = {"max_message_bytes": config.grpc_max_message_bytes, "drain_s": config.grpc_drain_s}
+        base = {
+            "max_message_bytes": config.network.grpc_max_message_bytes,
+            "drain_s": config.network.grpc_drain_s,
+        }
         return GrpcSettings(**{**base, **overrides})
 
 
@@ -84,7 +87,7 @@ def grpc_ingress_options(config: ServeConfig, settings: GrpcSettings) -> dict[st
         actor["resources"] = {HEAD_NODE_RESOURCE: 0.001}
     return {
         "name": GRPC_INGRESS_NAME,
-        "num_replicas": config.ingress_replicas,
+        "num_replicas": config.replicas.ingress_replicas,
         "ray_actor_options": actor,
         # Serve waits this long for __del__ (drain + grace) before killing the replica.
         "graceful_shutdown_timeout_s": settings.drain_s + settings.grace_s + 5.0,
@@ -101,7 +104,7 @@ def bind_grpc_ingress(
     """GrpcIngress bound to the LLMServer deployment (a bound node or a DeploymentHandle).
 
     Pass the result to the HTTP ingress's bind so Serve deploys it in the same application.
-    `code_version`: see cluster.app.build_run_app (None: Serve derives one).
+    `code_version`: see cluster.deploy.app.build_run_app (None: Serve derives one).
     """
     from ray import serve
 
@@ -139,13 +142,13 @@ class GrpcIngress:
         self._servicer = LLMServicer(
             llm,
             tokenizer,
-            served_model=config.model_name(),
+            served_model=config.engine.model_name(),
             auth=TenantAuth.from_config(config),  # API keys and tenants
             gate=TenantGate.from_config(config),  # tenants' quotas and metrics
             metrics=RouterMetrics(),
             limits=RequestLimits.from_config(config),
-            max_migrations=config.max_migrations,
-            queue_timeout_s=config.queue_timeout_s,
+            max_migrations=config.replicas.max_migrations,
+            queue_timeout_s=config.limits.queue_timeout_s,
             spans=spans,
             lora=LoraCatalog.from_config(config),  # the model's LoRA adapters
         )
@@ -169,7 +172,7 @@ class GrpcIngress:
         address = (
             f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         )
-        if config.tls:
+        if config.network.tls:
             credentials = await asyncio.to_thread(_tls_credentials, config)
             self._server.add_secure_port(address, credentials)
         else:
@@ -180,7 +183,7 @@ class GrpcIngress:
         logger.info(
             "gRPC ingress listening on %s%s (reflection, grpc.health.v1)",
             address,
-            " over TLS" if config.tls else "",
+            " over TLS" if config.network.tls else "",
         )
 
     async def _become_ready(self) -> None:
@@ -223,9 +226,9 @@ def _tls_credentials(config: ServeConfig) -> Any:
 
     import grpc
 
-    assert config.tls_cert_file is not None and config.tls_key_file is not None
-    key = Path(config.tls_key_file).read_bytes()
-    chain = Path(config.tls_cert_file).read_bytes()
+    assert config.network.tls_cert_file is not None and config.network.tls_key_file is not None
+    key = Path(config.network.tls_key_file).read_bytes()
+    chain = Path(config.network.tls_cert_file).read_bytes()
     return grpc.ssl_server_credentials([(key, chain)])
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
-from cluster.config import DEFAULT_MAX_MIGRATIONS
+from cluster.config.replicas import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import InvalidRequestError, KvrayError, as_kvray_error
 from cluster.grpc_api import constraints
 from cluster.grpc_api import convert as conv
@@ -47,7 +47,7 @@ from cluster.ingress.lora_registry import Adapter
 from cluster.ingress.prepare import Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.tenant_gate import TenantGate
-from cluster.ingress.tenants import bind_tenant
+from cluster.ingress.tenants import bind_tenant, current_tenant
 from cluster.ingress.token_text import TokenStrings
 from cluster.messages import GenerateRequest
 from kvray.v1 import llm_pb2, llm_pb2_grpc
@@ -179,10 +179,14 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         async def body() -> llm_pb2.EmbedResponse:
             target = await self._lora.target(request.model)
             prepared = await embeddings.prepare(
-                self._preparer, conv.embed_inputs(request), conv.embed_options(request), "inputs"
+                self._preparer,
+                conv.embed_inputs(request),
+                conv.embed_options(request),
+                "inputs",
+                lora=target.lora,  # under the adapter, if it names one
+                tenant=current_tenant(),
             )
-            prepared = target.apply(prepared)  # under the adapter, if it names one
-            prepared = await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over quota
+            await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over quota
             client_id, engine_id = _request_ids(request.request_id)
             self._checked(prepared.params)
             finals = await self._finals(prepared.requests(engine_id))
@@ -216,9 +220,10 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         """The checked engine request (errors name the field) and how to answer it."""
         target = await self._lora.target(request.model)  # the model, or one of its adapters
         # "prompt" errors of the input check name the member the client set (see status_for).
-        prepared = await self._preparer.prepare(conv.GenerateSource(request, stream=stream))
-        prepared = target.apply(prepared)
-        prepared = await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over the quota
+        prepared = await self._preparer.prepare(
+            conv.GenerateSource(request, stream=stream), lora=target.lora, tenant=current_tenant()
+        )
+        await self._gate.admit(prepared)  # RESOURCE_EXHAUSTED over the quota
         client_id, engine_id = _request_ids(request.request_id)
         self._checked(prepared.params)
         logprobs = request.HasField("logprobs")

@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, Strict
 from cluster.ingress import embeddings
 from cluster.ingress.embeddings import EmbedInput, EmbedOptions
 from cluster.ingress.prepare import Prepared, Preparer
+from cluster.ingress.tenants import current_tenant
+from workers.lora.request import LoRARequest
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -60,10 +62,20 @@ class EmbeddingRequest(BaseModel):
             self.truncate_prompt_tokens,
         )
 
-    async def prepare(self, preparer: Preparer, hidden_size: int | None) -> Prepared:
-        """The engine requests, one per input; errors name the field (HTTP 400)."""
+    async def prepare(
+        self,
+        preparer: Preparer,
+        hidden_size: int | None,
+        *,
+        lora: LoRARequest | None = None,
+        tenant: str | None = None,
+    ) -> Prepared:
+        """The engine requests, one per input, under the adapter `lora` and for `tenant`;
+        errors name the field (HTTP 400)."""
         embeddings.check_dimensions(self.dimensions, hidden_size)
-        return await embeddings.prepare(preparer, self.inputs(), self.options(), "input")
+        return await embeddings.prepare(
+            preparer, self.inputs(), self.options(), "input", lora=lora, tenant=tenant
+        )
 
 
 class EmbeddingFormatter:
@@ -121,7 +133,9 @@ def add_embeddings_route(app: FastAPI, ingress: Any) -> None:
         # An adapter's name embeds with the adapter: its deltas apply to the prompt's rows.
         target = await ingress.lora.target(body.model)
         ingress.check_admitting()
-        prepared = target.apply(await body.prepare(ingress.preparer, ingress.embedding_size))
+        prepared = await body.prepare(
+            ingress.preparer, ingress.embedding_size, lora=target.lora, tenant=current_tenant()
+        )
         fmt = EmbeddingFormatter(
             f"embd-{uuid.uuid4().hex}", target.name, body.encoding_format, body.dimensions
         )

@@ -59,7 +59,7 @@ ADMIT_PER_TICK = 8
 
 
 class RequestTooLargeError(KvrayError):
-    """The HTTP body is over ServeConfig.max_request_body_bytes (HTTP 413)."""
+    """The HTTP body is over ServeConfig.limits.max_request_body_bytes (HTTP 413)."""
 
     http_status = 413
     openai_type = "invalid_request_error"

@@ -61,7 +61,7 @@ from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.route_spans import route_spans
 from cluster.ingress.tenant_gate import TenantGate
-from cluster.ingress.tenants import TenantAuth
+from cluster.ingress.tenants import TenantAuth, current_tenant
 from cluster.ingress.token_text import TokenStrings
 
 logger = logging.getLogger("ray.serve.kvray.openai")
@@ -80,7 +80,7 @@ class OpenAIIngress:
 
         self.config = config
         self.llm = llm
-        self.model = config.model_name()
+        self.model = config.engine.model_name()
         tokenizer = Tokenizer.from_pretrained(resolve_model_dir(config))
         self.prompts = Prompts(tokenizer)
         # What /v1/embeddings' `dimensions` must equal (cluster/ingress/embeddings.py).
@@ -91,9 +91,9 @@ class OpenAIIngress:
         self.spans = route_spans(config, "OpenAIIngress")
         self.client = LLMClient(
             llm,
-            config.max_migrations,
+            config.replicas.max_migrations,
             self.metrics,
-            queue_timeout_s=config.queue_timeout_s,
+            queue_timeout_s=config.limits.queue_timeout_s,
             spans=self.spans,
         )
         self.auth = TenantAuth.from_config(config)  # API keys and tenants (tenants.py)
@@ -122,7 +122,7 @@ class OpenAIIngress:
         guarded = RequestGuard(
             build_api(self),
             self.auth,
-            self.config.max_request_body_bytes,
+            self.config.limits.max_request_body_bytes,
             self.metrics,
             max_in_flight=self.config.ingress_max_in_flight(),
         )
@@ -145,7 +145,7 @@ class OpenAIIngress:
         """Starts one engine request per prompt, answers with JSON or an SSE stream (as the
         SamplingParams' output kind says); `frames` writes the stream (chat's and
         completions' SSE chunks, or /v1/responses' events)."""
-        prepared = await self.gate.admit(prepared)  # 429 over the tenant's quota
+        await self.gate.admit(prepared)  # 429 over the tenant's quota
         self.metrics.checked("http", prepared.params)
         outs = [self.gate.metered(self.client.generate(r), r) for r in prepared.requests(fmt.id)]
         try:
@@ -264,7 +264,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     async def completions(body: CompletionRequest) -> Any:
         target = await ingress.lora.target(body.model)  # the model, or one of its adapters
         ingress.check_admitting()
-        prepared = target.apply(await ingress.preparer.prepare(body))
+        prepared = await ingress.preparer.prepare(body, lora=target.lora, tenant=current_tenant())
         fmt = Formatter(
             "completion",
             f"cmpl-{uuid.uuid4().hex}",
@@ -273,7 +273,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             body.logprobs,
             ingress.token_strings,
             echo=await prompt_echo(body, prepared, ingress.prompts),
-            prompt_logprobs=body.checked_prompt_logprobs(),
+            prompt_logprobs=body.answered_prompt_logprobs,
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 
@@ -283,7 +283,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
         ingress.check_admitting()
         # The tools, the output constraint (response_format, structured_outputs, or the tool
         # calls') and the chat through the template, each read once.
-        prepared = target.apply(await ingress.preparer.prepare(body))
+        prepared = await ingress.preparer.prepare(body, lora=target.lora, tenant=current_tenant())
         top = (body.top_logprobs or 0) if body.logprobs else None
         fmt = Formatter(
             "chat",
@@ -293,7 +293,7 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             top,
             ingress.token_strings,
             tools=prepared.tool_use,
-            prompt_logprobs=body.checked_prompt_logprobs(),
+            prompt_logprobs=body.answered_prompt_logprobs,
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 

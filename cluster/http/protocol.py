@@ -23,7 +23,7 @@ from cluster.errors import InvalidRequestError
 from cluster.ingress import prepare, structured, tools
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.prepare import PromptInput
-from workers.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
+from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 # JSON numbers and booleans only: in pydantic's lax mode `false` passed as 0, "1.5" as 1.5
 # and 1 as true, where the API's schema (and OpenAI's) says otherwise (the fuzz tests send them).
@@ -113,7 +113,7 @@ class _SamplingFields(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options", "stream_options needs stream=true")
         params: dict[str, Any] = {
-            "prompt_logprobs": self.checked_prompt_logprobs(),
+            "prompt_logprobs": self._engine_prompt_logprobs(),
             "n": self.n,
             "seed": self.seed,
             "stop": self.stop,
@@ -139,23 +139,24 @@ class _SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def checked_prompt_logprobs(self) -> int | None:
+    def _engine_prompt_logprobs(self) -> int | None:
         """`prompt_logprobs` as the engine computes it: None when not asked, or when a stream
-        asks for 0 (accepted, like vLLM, but a stream never shows them)."""
+        asks for 0 (accepted, like vLLM, but a stream never shows them). Its range is checked
+        by SamplingParams, as every API's is."""
         n = self.prompt_logprobs
-        if n is None:
+        if n is None or (self.stream and n == 0):
             return None
-        if not 0 <= n <= MAX_LOGPROBS:
+        if self.stream and n > 0:  # vLLM refuses them too: they would come only with the last chunk
             raise InvalidRequestError(
-                "prompt_logprobs", f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {n}"
+                "prompt_logprobs", "prompt_logprobs is not available with stream=true"
             )
-        if self.stream:
-            if n > 0:  # vLLM refuses them too: they would come only with the last chunk
-                raise InvalidRequestError(
-                    "prompt_logprobs", "prompt_logprobs is not available with stream=true"
-                )
-            return None
         return n
+
+    @property
+    def answered_prompt_logprobs(self) -> int | None:
+        """The top-N of vLLM's `prompt_logprobs` answer field (None: not in the answer), of a
+        request prepared already (which checked the field)."""
+        return None if self.stream else self.prompt_logprobs
 
 
 class CompletionRequest(_SamplingFields):
@@ -207,10 +208,11 @@ class CompletionRequest(_SamplingFields):
         params["max_tokens"] = 1 if self.scoring_only else self.max_tokens
         params["logprobs"] = self.logprobs
         if self.echo and self.logprobs is not None:
-            # The echoed prompt's tokens carry logprobs like the completion's (the engine's
-            # own range check of `logprobs` names that field if it is out of range).
+            # The echoed prompt's tokens carry logprobs like the completion's: enough for both
+            # views. A value out of range stays, for SamplingParams' range checks to name.
             asked = params["prompt_logprobs"]
-            params["prompt_logprobs"] = max(self.logprobs, asked or 0)
+            if asked is None or 0 <= asked < self.logprobs:
+                params["prompt_logprobs"] = self.logprobs
         return params
 
 

@@ -27,6 +27,7 @@ from cluster.ingress.limits import RequestLimits
 from cluster.ingress.prepare import Prepared, Preparer, PromptInput
 from cluster.ingress.structured import Constraint
 from cluster.ingress.tools import ToolUse
+from workers.lora.request import LoRARequest
 
 STATELESS = "kvray stores no responses (a stateless server): send the whole conversation in input"
 # Fields kvray accepts only at the value that asks for nothing (None: unset), and why any
@@ -162,12 +163,18 @@ def _choice(use: ToolUse | None, asked: Any) -> Any:
     return use.choice.mode
 
 
-async def prepare(preparer: Preparer, body: ResponsesRequest) -> Prepared:
-    """The request checked into the engine's inputs by the shared preparation; an error names
-    the field as a Responses request spells it."""
+async def prepare(
+    preparer: Preparer,
+    body: ResponsesRequest,
+    *,
+    lora: LoRARequest | None = None,
+    tenant: str | None = None,
+) -> Prepared:
+    """The request checked into the engine's inputs by the shared preparation (under the
+    adapter `lora`, for `tenant`); an error names the field as a Responses request spells it."""
     body.check_fields()
     try:
-        return await preparer.prepare(body)
+        return await preparer.prepare(body, lora=lora, tenant=tenant)
     except InvalidRequestError as err:
         raise renamed(err) from None
 

@@ -16,6 +16,7 @@ from cluster.http.responses import ResponsesRequest
 from cluster.http.responses_format import ResponsesFormatter, sse_events
 from cluster.ingress.lora_catalog import LoraCatalog
 from cluster.ingress.prepare import Prepared, Preparer
+from cluster.ingress.tenants import current_tenant
 
 
 class Ingress(Protocol):
@@ -56,6 +57,8 @@ def add_responses_route(app: FastAPI, ingress: Ingress) -> None:
     async def create_response(body: ResponsesRequest) -> Any:
         target = await ingress.lora.target(body.model)  # the model, or one of its adapters
         ingress.check_admitting()
-        prepared = target.apply(await responses.prepare(ingress.preparer, body))
+        prepared = await responses.prepare(
+            ingress.preparer, body, lora=target.lora, tenant=current_tenant()
+        )
         fmt = ResponsesFormatter(body.echo(prepared.tool_use), target.name, prepared.tool_use)
         return await ingress.run(fmt, prepared, False, frames=sse_events)

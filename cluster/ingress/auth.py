@@ -1,6 +1,6 @@
 """API-key check for the ingresses: `Authorization: Bearer KEY` (HTTP) / `authorization` metadata.
 
-The key lives in an environment variable on the cluster (ServeConfig.api_key_env, default
+The key lives in an environment variable on the cluster (ServeConfig.network.api_key_env, default
 KVRAY_API_KEY), read when the ingress replica starts; it never appears in a config file.
 An unset or empty variable turns auth off.
 """

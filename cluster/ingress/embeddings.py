@@ -28,7 +28,8 @@ from workers.pooling import POOLING_KINDS, Pooling
 from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from workers.inputs import EngineInput, InputChecker
+    from workers.inputs import CheckedRequest, EngineInput, InputChecker
+    from workers.lora.request import LoRARequest
     from workers.outputs import RequestOutput
 
 # The engine ignores max_tokens for a pooling request (1 is the smallest valid value), and
@@ -139,8 +140,12 @@ async def prepare(
     inputs: Sequence[EmbedInput],
     options: EmbedOptions,
     batch_field: str,
+    *,
+    lora: LoRARequest | None = None,
+    tenant: str | None = None,
 ) -> Prepared:
-    """The engine requests of an embedding request, one per input, checked (module doc)."""
+    """The engine requests of an embedding request, one per input, checked (module doc),
+    under the adapter `lora` and for `tenant`."""
     if not inputs:
         raise InvalidRequestError(batch_field, f"{batch_field} must hold at least one input")
     preparer.limits.check_prompts(len(inputs), batch_field)
@@ -151,11 +156,12 @@ async def prepare(
     ids = await preparer.prompts.batch([inp.value for inp in inputs], batch_field)
     checker = await preparer.client.input_checker()
     longest = longest_input(checker)
+    # What every input shares is checked once (the params are the ingress's own), each input next.
+    request = checker.request(params, lora=lora, tenant=tenant)
     checked = tuple(
         engine_input(
-            checker,
+            request,
             truncated(x, options.truncate_prompt_tokens, longest, options.truncate_field),
-            params,
             inp,
         )
         for x, inp in zip(ids, inputs, strict=True)
@@ -163,11 +169,10 @@ async def prepare(
     return Prepared(params, checked, Outputs(tool_use=None, constraint=None))
 
 
-def engine_input(
-    checker: InputChecker, ids: list[int], params: SamplingParams, inp: EmbedInput
-) -> EngineInput:
+def engine_input(request: CheckedRequest, ids: list[int], inp: EmbedInput) -> EngineInput:
     """The checked input; every error of the check is about the input (the params are the
     ingress's own), so it names the input's field."""
+    checker = request.checker
     longest = longest_input(checker)
     if len(ids) > longest:  # said here with the way out (truncate_prompt_tokens)
         mml = checker.max_model_len
@@ -178,7 +183,7 @@ def engine_input(
             f"({named}); shorten it, or set truncate_prompt_tokens to keep its last tokens",
         )
     try:
-        return checker.check(ids, params, field=inp.label)
+        return request.input(ids, field=inp.label)
     except ValueError as err:
         raise InvalidRequestError(inp.param, str(err)) from None
 

@@ -32,7 +32,9 @@ class RequestLimits:
 
     @staticmethod
     def from_config(config: ServeConfig) -> RequestLimits:
-        return RequestLimits(**{f.name: getattr(config, f.name) for f in fields(RequestLimits)})
+        return RequestLimits(
+            **{f.name: getattr(config.limits, f.name) for f in fields(RequestLimits)}
+        )
 
     def check_sampling(self, kwargs: Mapping[str, Any]) -> None:
         """The bounded SamplingParams keyword arguments (n, stop, stop_token_ids); checked

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from cluster.coalesce import coalesced
-from cluster.config import DEFAULT_MAX_MIGRATIONS
+from cluster.config.replicas import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import as_kvray_error
 from cluster.ingress.checks import is_streamed
 from cluster.ingress.migration import migrating

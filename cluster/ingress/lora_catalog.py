@@ -2,22 +2,24 @@
 
     catalog = LoraCatalog.from_config(config)
     target = await catalog.target(body.model)     # ModelNotFoundError for an unknown name
-    prepared = target.apply(prepared)             # the engine inputs, under the adapter
+    prepared = await preparer.prepare(body, lora=target.lora, tenant=...)  # under the adapter
     fmt = Formatter(..., target.name, ...)        # answers echo the name the client sent
 
 The served model's name (or no model) runs on the base model. An adapter's name runs its
-`EngineInput`s with `lora = LoRARequest(name, id, path, base_model_name=served)`: the engine
-reads the adapter when it first sees the id (and refuses one it cannot serve).
+`EngineInput`s with `lora = LoRARequest(name, id, path, base_model_name=served)`, set when
+they are checked (cluster/ingress/prepare.py): the engine reads the adapter when it first
+sees the id (and refuses one it cannot serve).
 
-Adapters: the config's (`lora_modules`, ids 1..N in their order), and with
-`enable_runtime_lora` the ones loaded at run time, held by the application's registry actor
-(cluster/ingress/lora_registry.py). Each ingress caches the registry's state: a name it does
-not know, and a listing, ask the registry again, so an adapter loaded through another ingress
-is found and listed at once (such calls arriving together share one registry call: one in
-flight per ingress); a known name is trusted for REFRESH_S, so an adapter unloaded through
-another ingress stops resolving there within that time (at once on the ingress that unloaded
-it). Requests naming the served model never ask. Requests already running under an unloaded
-adapter finish under it: they carry its path, and the engine frees its slot when they end.
+Adapters: the config's (`lora_modules`, each id derived from its name and path, so a changed
+path is a new id: lora_registry.static_id), and with `enable_runtime_lora` the ones loaded
+at run time, held by the application's registry actor (cluster/ingress/lora_registry.py).
+Each ingress caches the registry's state: a name it does not know, and a listing, ask the
+registry again, so an adapter loaded through another ingress is found and listed at once
+(such calls arriving together share one registry call: one in flight per ingress); a known
+name is trusted for REFRESH_S, so an adapter unloaded through another ingress stops
+resolving there within that time (at once on the ingress that unloaded it). Requests naming
+the served model never ask. Requests already running under an unloaded adapter finish under
+it: they carry its path, and the engine frees its slot when they end.
 
 A load reads the adapter against the served model first, on a worker thread, with the check
 the engines run (workers/lora/checkpoint.py), so a corrupt or incompatible adapter is a 400
@@ -31,12 +33,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.config import ServeConfig, resolve_model_dir
-from cluster.config_lora import LoraModule
+from cluster.config.lora import LoraModule
 from cluster.errors import InvalidRequestError, ModelNotFoundError
 from cluster.ingress.lora_errors import (
     LoraAdapterExistsError,
@@ -44,11 +46,8 @@ from cluster.ingress.lora_errors import (
     LoraRegistryUnavailableError,
     RuntimeLoraOffError,
 )
-from cluster.ingress.lora_registry import Adapter, Snapshot, Statics
+from cluster.ingress.lora_registry import Adapter, Snapshot, Statics, static_id
 from workers.lora.request import LoRARequest
-
-if TYPE_CHECKING:
-    from cluster.ingress.prepare import Prepared
 
 logger = logging.getLogger("ray.serve.kvray.lora")
 
@@ -62,13 +61,6 @@ class ModelTarget:
 
     name: str
     lora: LoRARequest | None = None
-
-    def apply(self, prepared: Prepared) -> Prepared:
-        """The prepared request with every engine input under the adapter."""
-        if self.lora is None:
-            return prepared
-        inputs = tuple(replace(inp, lora=self.lora) for inp in prepared.inputs)
-        return replace(prepared, inputs=inputs)
 
 
 class AdapterCheck:
@@ -87,12 +79,12 @@ class AdapterCheck:
     def __call__(self, path: str) -> None:
         from workers.lora.checkpoint import load_adapter
 
-        load_adapter(path, self.model_config, self.config.max_lora_rank)
+        load_adapter(path, self.model_config, self.config.lora.max_lora_rank)
 
     def check_static(self) -> None:
         """Every adapter of the config (an ingress starting): ValueError naming the first bad
         one, so the deployment fails to start instead of its requests."""
-        for i, m in enumerate(self.config.lora_modules or ()):
+        for i, m in enumerate(self.config.lora.lora_modules or ()):
             try:
                 self(m.path)
             except ValueError as err:
@@ -114,7 +106,7 @@ class LoraCatalog:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.served = served
-        self._static = {m.name: Adapter(m.name, i + 1, m.path) for i, m in enumerate(static)}
+        self._static = {m.name: Adapter(m.name, static_id(m.name, m.path), m.path) for m in static}
         self._statics = Statics(tuple(self._static))
         self._registry_fn = registry
         self._registry: Any = None
@@ -132,7 +124,7 @@ class LoraCatalog:
         """The catalog of an ingress of application `app_name` (the registry's key; None:
         this Serve replica's application)."""
         registry = None
-        if config.enable_runtime_lora:
+        if config.lora.enable_runtime_lora:
 
             def registry() -> Any:
                 from cluster.ingress.lora_registry import registry_actor
@@ -144,8 +136,10 @@ class LoraCatalog:
                     name = serve.get_replica_context().app_name
                 return registry_actor(name)
 
-        static = config.lora_modules or ()
-        return LoraCatalog(config.model_name(), static, registry, check or AdapterCheck(config))
+        static = config.lora.lora_modules or ()
+        return LoraCatalog(
+            config.engine.model_name(), static, registry, check or AdapterCheck(config)
+        )
 
     @property
     def runtime_loading(self) -> bool:

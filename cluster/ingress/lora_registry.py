@@ -20,13 +20,20 @@ namespace), created with `get_if_exists`:
   after a head restart), the runtime adapters are forgotten (load them again), and the ids
   it gives start above the clock's microseconds, beyond any id given before.
 
-What it holds: the runtime adapters, the names of static adapters (cluster/config_lora.py:
-ids 1..N, known to every ingress from the config) unloaded since, and the next id. An id
-is never given twice: adapters are told apart by it on the engines (device slots, prefix
-cache), so a name unloaded and loaded again, maybe from a changed file, gets a new one.
-Every call names the caller's static adapters (`Statics`): should a redeploy add static
-adapters whose ids 1..N reach runtime ones, those runtime adapters move to new ids (the
-engines then load them again, under the new id).
+What it holds: the runtime adapters, the names of static adapters (cluster/config/lora.py,
+known to every ingress from the config) unloaded since, and the next id. An id is never
+given twice: adapters are told apart by it on the engines (device slots, prefix cache), so a
+name unloaded and loaded again, maybe from a changed file, gets a new one.
+
+A static adapter's id is not the registry's: every ingress derives it from the adapter's name
+and path (`static_id`), in [2**62, 2**63), above every runtime id. So a redeploy (or restart)
+that serves a name from another directory gives it another id, and no engine serves it with
+the weights it holds under the old one; the same name and path keep their id, and with it
+the engines' slots and prefix cache. Runtime ids stay below 2**62 and above N, the static
+adapters' count (`Statics`: the ids 1..N earlier versions gave them by position, which an
+ingress of such a version may still use during a rolling update): should a redeploy add
+static adapters, runtime adapters whose ids N reaches move to new ids (the engines then load
+them again, under the new id).
 
 It outlives the application: `kvray serve` removes it when it stops (`delete_registry`); an
 application deleted otherwise (`serve delete`) and deployed again under the same name finds
@@ -35,6 +42,7 @@ its runtime adapters again.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +52,9 @@ NAME_PREFIX = "lora-registry/"
 # Ray's built-in resource of the head node (also cluster/grpc_api/ingress.py's): a sliver of
 # it pins the actor there.
 HEAD_NODE_RESOURCE = "node:__internal_head__"
+# Static adapters' ids are in [STATIC_ID_BASE, 2 * STATIC_ID_BASE); runtime ids are below it
+# (a counter from N + 1, or from the clock's microseconds, about 2**51, after a restart).
+STATIC_ID_BASE = 2**62
 
 
 @dataclass(frozen=True)
@@ -55,9 +66,17 @@ class Adapter:
     path: str
 
 
+def static_id(name: str, path: str) -> int:
+    """The id of the static adapter `name` served from `path`: the same on every ingress and
+    across restarts while both stay, another one when either changes (module doc)."""
+    digest = hashlib.sha256(f"{name}\0{path}".encode()).digest()
+    return STATIC_ID_BASE + int.from_bytes(digest[:8], "big") % STATIC_ID_BASE
+
+
 @dataclass(frozen=True)
 class Statics:
-    """The caller's static adapters: their names (ids 1..N, in this order)."""
+    """The caller's static adapters: their names, in the config's order (runtime ids stay
+    above their count, module doc)."""
 
     names: tuple[str, ...] = ()
 

@@ -27,6 +27,13 @@ False), or no replica to send it to at all, costs nothing: the request waits and
 from when it was sent (then 503 + Retry-After, as any queue timeout). So streams caught by
 two faults close together, with no healthy replica for a while, wait for a replica to come
 back instead of spending their migrations on replicas known dead.
+
+A replica that refuses a request because its waiting queue is full (`QueueFullError` naming
+the replica: nothing ran) is likewise passed over at once, uncharged: the request goes to
+another replica, which the routers send it to while one has room. The routers avoid full
+replicas themselves, but each ingress replica routes on its own and two can fill one queue at
+the same moment. The 429 comes only once a replica already passed over refuses too: the
+router had no other with room.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from cluster.errors import EngineDeadError, QueueTimeoutError
+from cluster.errors import EngineDeadError, QueueFullError, QueueTimeoutError
 from cluster.tracing import migration_event
 from workers.frontend.resume import ResumeTracker
 
@@ -97,6 +104,13 @@ async def migrating(
             return
         except EngineDeadError as err:
             error = err
+        except QueueFullError as err:
+            if received or err.replica is None or err.replica in current.exclude_replicas:
+                raise  # Serve's own queue cap, or every replica with room was tried
+            current = dataclasses.replace(
+                current, exclude_replicas=current.exclude_replicas | {err.replica}
+            )
+            continue
         if not received and _not_taken(error):
             # Nothing ran: wait for a replica that can take it, uncharged (module doc).
             if queue_timeout_s and time.time() - current.sent_at >= queue_timeout_s:

@@ -11,7 +11,8 @@ runs the steps every generation request takes, in this order, each once:
 5. SamplingParams with that constraint, within the deployment's `RequestLimits`
 6. compile checks: every tool's parameter schema, and the constraint
 7. token ids (text tokenized; chat rendered by the template, which lists the tools), checked
-   against the served model into the engine's inputs
+   against the served model into the engine's inputs: the final ones, under the adapter the
+   request's `model` names and for its tenant (nothing downstream changes them)
 
 A failure is an InvalidRequestError naming the field as the client wrote it (HTTP 400, gRPC
 INVALID_ARGUMENT), raised before anything is routed. The result (`Prepared`) carries the
@@ -36,6 +37,7 @@ from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from workers.inputs import InputChecker
+    from workers.lora.request import LoRARequest
 
 
 @dataclass(frozen=True)
@@ -158,16 +160,24 @@ class Preparer:
         self.client = client
         self.limits = limits
 
-    async def prepare(self, source: Source) -> Prepared:
-        """The request checked into the engine's inputs (module doc); errors name the field."""
+    async def prepare(
+        self, source: Source, *, lora: LoRARequest | None = None, tenant: str | None = None
+    ) -> Prepared:
+        """The request checked into the engine's inputs (module doc), under the adapter `lora`
+        (None: the base model) and for `tenant` (who sent it); errors name the field."""
         prompt = source.prompt_input(self.limits)
         params, outputs = read_sampling(source, self.limits)
         await self.check_compiles(outputs, source)
         token_ids = await self.token_ids(prompt, outputs.tool_use)
         checker = await self.client.input_checker()
-        inputs = tuple(
-            checks.engine_input(checker, ids, params, prompt.checked_as, source.priority)
-            for ids in token_ids
+        inputs = checks.engine_inputs(
+            checker,
+            token_ids,
+            params,
+            prompt.checked_as,
+            source.priority,
+            lora=lora,
+            tenant=tenant,
         )
         return Prepared(params, inputs, outputs)
 

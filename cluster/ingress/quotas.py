@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from cluster.config.keys_file import Quota
 from cluster.errors import QueueFullError
-from cluster.keys_file import Quota
 from workers.inputs import EngineInput
 
 # Buckets kept before full ones (equivalent to a fresh bucket) are dropped: the count stays

@@ -32,7 +32,7 @@ ROUTE_SPAN = "kvray.route"
 @dataclass(frozen=True)
 class RouteSpans:
     tracing: Tracing
-    router: str  # ServeConfig.request_router: prefix_affinity, kv_events, power_of_two
+    router: str  # ServeConfig.replicas.request_router: prefix_affinity, kv_events, power_of_two
 
     def traced(self, request: GenerateRequest) -> GenerateRequest:
         """`request` tied to the ambient (server) span, unless it carries a context already."""
@@ -74,4 +74,4 @@ class RouteSpans:
 def route_spans(config: ServeConfig, deployment: str) -> RouteSpans | None:
     """An ingress's RouteSpans when tracing is on (its own TracerProvider), else None."""
     tracing = setup_tracing(config, deployment)
-    return None if tracing is None else RouteSpans(tracing, config.request_router)
+    return None if tracing is None else RouteSpans(tracing, config.replicas.request_router)

@@ -1,13 +1,15 @@
-"""The tenant's way through an ingress, the same for HTTP and gRPC: quota on admission, the
-tenant onto the engine inputs, refunds and metrics when each engine request ends.
+"""The tenant's way through an ingress, the same for HTTP and gRPC: quota on admission,
+refunds and metrics when each engine request ends.
 
-    prepared = await gate.admit(prepared)            # 429 over quota; inputs carry the tenant
+    prepared = await preparer.prepare(body, tenant=current_tenant())  # inputs carry the tenant
+    await gate.admit(prepared)                       # 429 over quota
     outs = gate.metered(client.generate(r), r)       # per engine request
 
-`admit` charges the request of the current tenant (cluster/ingress/tenants.py): one request
-and `charge` tokens per input (cluster/ingress/quotas.py), and sets `EngineInput.tenant`, by
-which each engine takes tenants in turn and each replica shares its queue fairly
-(cluster/replica/tenant_share.py). `metered` passes the outputs through; when the request
+The engine inputs carry the tenant from their check (cluster/ingress/prepare.py): by it each
+engine takes tenants in turn and each replica shares its queue fairly
+(cluster/replica/tenant_share.py). `admit` charges that tenant (the current one,
+cluster/ingress/tenants.py, for inputs that name none): one request and `charge` tokens per
+input (cluster/ingress/quotas.py). `metered` passes the outputs through; when the request
 ends it gives back the tokens it was charged and did not use (a final output: prompt + the
 tokens generated; a failure before any output, e.g. a full replica queue: all of them; a
 failure later: what the outputs so far did not use). A request its client abandons keeps its
@@ -18,17 +20,17 @@ queue_full refusals by tenant (cluster/ingress/tenant_metrics.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cluster.config.keys_file import Quota, load_keys_file
 from cluster.errors import QueueFullError
 from cluster.ingress.prepare import InputCheckers, Prepared
 from cluster.ingress.quotas import QuotaExceededError, Quotas, charge
 from cluster.ingress.tenants import current_tenant
-from cluster.keys_file import Quota, load_keys_file
 
 if TYPE_CHECKING:
+    from cluster.config import ServeConfig
     from cluster.ingress.tenant_metrics import TenantMetrics
     from cluster.messages import GenerateRequest
     from workers.outputs import RequestOutput
@@ -57,15 +59,15 @@ class TenantGate:
 
     @staticmethod
     def from_config(
-        config: Any, checkers: InputCheckers | None = None, metrics: bool = True
+        config: ServeConfig, checkers: InputCheckers | None = None, metrics: bool = True
     ) -> TenantGate:
-        """From a ServeConfig, for an ingress deployment of `config.ingress_replicas` replicas
-        (each enforces its share of every quota; the keys file is read here)."""
-        path = config.api_keys_file
+        """From a ServeConfig, for an ingress deployment of `config.replicas.ingress_replicas`
+        replicas (each enforces its share of every quota; the keys file is read here)."""
+        path = config.tenants.api_keys_file
         keys = load_keys_file(path) if path else None
-        fallback = Quota(config.tenant_requests_per_s, config.tenant_tokens_per_s)
+        fallback = Quota(config.tenants.tenant_requests_per_s, config.tenants.tenant_tokens_per_s)
         quotas = Quotas(
-            keys.quotas if keys else None, fallback, share=1.0 / config.ingress_replicas
+            keys.quotas if keys else None, fallback, share=1.0 / config.replicas.ingress_replicas
         )
         tenant_metrics = None
         if metrics:
@@ -74,10 +76,9 @@ class TenantGate:
             tenant_metrics = TenantMetrics(keys.tenants if keys else ())
         return TenantGate(checkers, quotas, tenant_metrics)
 
-    async def admit(self, prepared: Prepared) -> Prepared:
-        """Charges the current tenant for `prepared` (QuotaExceededError: 429, nothing taken)
-        and returns it with the tenant on every input."""
-        tenant = current_tenant()
+    async def admit(self, prepared: Prepared) -> None:
+        """Charges the tenant of `prepared` for it (QuotaExceededError: 429, nothing taken)."""
+        tenant = prepared.inputs[0].tenant or current_tenant()
         if self.quotas.limited and self._checkers is not None:  # the client caches it
             self._max_model_len = (await self._checkers.input_checker()).max_model_len
         tokens = sum(charge(inp, self._max_model_len) for inp in prepared.inputs)
@@ -89,8 +90,6 @@ class TenantGate:
             raise
         if self.metrics is not None:
             self.metrics.admitted(tenant)
-        inputs = tuple(dataclasses.replace(inp, tenant=tenant) for inp in prepared.inputs)
-        return dataclasses.replace(prepared, inputs=inputs)
 
     async def metered(
         self, outputs: AsyncIterator[RequestOutput], request: GenerateRequest

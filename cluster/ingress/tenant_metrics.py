@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cluster.keys_file import DEFAULT_TENANT, OTHER_TENANT
+from cluster.config.keys_file import DEFAULT_TENANT, OTHER_TENANT
 from cluster.ray_internals import record_zero
 
 MAX_HEADER_TENANTS = 50

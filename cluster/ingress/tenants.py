@@ -1,6 +1,6 @@
 """Who sent a request: its tenant, named from its API key, or from a header, or "default".
 
-- `--api-keys-file` (cluster/keys_file.py): each key names its tenant; the key of
+- `--api-keys-file` (cluster/config/keys_file.py): each key names its tenant; the key of
   `--api-key` / its env var is tenant "default". Any key of either is a valid key.
 - `--tenant-header NAME` (without a keys file): the header's value names the tenant, checked
   (1 to 64 characters of letters, digits and . _ - : @; else 400 naming the header). A header
@@ -20,10 +20,14 @@ import os
 import re
 from collections.abc import Mapping
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
+from cluster.config.keys_file import DEFAULT_TENANT, KeysFile, key_digest, load_keys_file
 from cluster.errors import AuthenticationError, InvalidRequestError
 from cluster.ingress.auth import OPEN_PATHS, ApiKeyAuth
-from cluster.keys_file import DEFAULT_TENANT, KeysFile, key_digest, load_keys_file
+
+if TYPE_CHECKING:
+    from cluster.config import ServeConfig
 
 HEADER_VALUE = re.compile(r"[A-Za-z0-9._:@-]{1,64}")
 HEADER_VALUE_RULE = "1 to 64 characters of letters, digits and . _ - : @"
@@ -54,15 +58,15 @@ class TenantAuth(ApiKeyAuth):
         self.header = header.lower() if header else None
 
     @staticmethod
-    def from_config(config: object, environ: Mapping[str, str] | None = None) -> TenantAuth:
+    def from_config(config: ServeConfig, environ: Mapping[str, str] | None = None) -> TenantAuth:
         """From a ServeConfig: the key in its env var (read now, on the ingress's node), the
         keys file (read now: a bad one fails the ingress's start), the tenant header."""
         env = os.environ if environ is None else environ
-        path = getattr(config, "api_keys_file", None)
+        path = config.tenants.api_keys_file
         return TenantAuth(
-            env.get(config.api_key_env) or None,  # type: ignore[attr-defined]
+            env.get(config.network.api_key_env) or None,
             load_keys_file(path) if path else None,
-            getattr(config, "tenant_header", None),
+            config.tenants.tenant_header,
         )
 
     @property

@@ -110,7 +110,7 @@ class KvPublisher:
 
 def kv_publisher(config: ServeConfig, engine: AsyncEngine) -> KvPublisher | None:
     """The replica's publisher, listening to its engine; None unless the router reads it."""
-    if config.request_router != "kv_events":
+    if config.replicas.request_router != "kv_events":
         return None
     publisher = KvPublisher()
     engine.kv_listener = publisher.on_events

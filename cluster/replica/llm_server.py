@@ -1,6 +1,6 @@
 """LLMServer: one engine replica (one AsyncEngine with its TP group) behind Ray Serve.
 
-`cluster.app.build_app` wraps this plain class with `serve.deployment(name="LLMServer")`;
+`cluster.deploy.app.build_app` wraps this plain class with `serve.deployment(name="LLMServer")`;
 ingresses (HTTP, gRPC) call it through a DeploymentHandle, via cluster/ingress/llm_client.py:
 
     gen = handle.options(stream=True).generate.remote(request)   # a GenerateRequest
@@ -74,11 +74,11 @@ class LLMServer:
 
         self._config = config
         model_dir = resolve_model_dir(config)
-        logger.info("LLMServer: loading %s (tp=%d)", model_dir, config.tensor_parallel_size)
+        logger.info("LLMServer: loading %s (tp=%d)", model_dir, config.engine.tensor_parallel_size)
         # TP = 1 runs the forward pass in the engine core, so the core gets its own process
         # (its own GIL); TP > 1 runs it in the ranks' actors, and the core stays a thread.
-        process = config.engine_process and config.tensor_parallel_size == 1
-        use_reserved_cpus(config.torch_threads())
+        process = config.replicas.engine_process and config.engine.tensor_parallel_size == 1
+        use_reserved_cpus(config.replicas.torch_threads())
         args = EngineArgs(**config.engine_kwargs(model_dir))
         # The engine, restarted in place should its child process die (engine_restart.py).
         self._supervisor = EngineSupervisor(
@@ -86,13 +86,13 @@ class LLMServer:
             AsyncEngine(args, process=process),
             on_restart=self._engine_restarted,
         )
-        self._model_name = config.model_name()
+        self._model_name = config.engine.model_name()
         self._created = int(time.time())
         # Samples of the generate() calls in flight here (a request counts n): with the
         # engine's running count, what the waiting queue behind admission control holds.
         self._in_flight = 0
         # Prompt tokens waiting here, against max_queued_tokens (cluster/replica/queued_tokens.py).
-        self._queued_tokens = QueuedTokens(config.max_queued_tokens)
+        self._queued_tokens = QueuedTokens(config.limits.max_queued_tokens)
         self._share = TenantShare()  # each tenant's share of a full queue (tenant_share.py)
         # Streamed generate() calls in flight: what the chunk interval follows.
         self._streams = 0
@@ -148,10 +148,11 @@ class LLMServer:
         streamed = inp.params.output_kind is RequestOutputKind.DELTA
         queue_timeout_s = self._queue_time_left(request)
         queued = self._queued()
-        if not self._share.admits(inp, queued, self._config.max_queued_requests):
+        if not self._share.admits(inp, queued, self._config.limits.max_queued_requests):
             raise QueueFullError(
                 f"too many requests waiting on this replica ({queued} >= "
-                f"max_queued_requests={self._config.max_queued_requests}); retry later"
+                f"max_queued_requests={self._config.limits.max_queued_requests}); retry later",
+                replica=self._replica,  # the ingress tries another replica first
             )
         if request.migration:
             logger.info(
@@ -163,7 +164,13 @@ class LLMServer:
             )
         # Samples this call counts in `_in_flight`: a resumed request runs only its unfinished.
         held = len(inp.resume) or inp.params.n
-        self._share.enter(self._queued_tokens, request.request_id, inp, held, self._engine.stats())
+        try:
+            self._share.enter(
+                self._queued_tokens, request.request_id, inp, held, self._engine.stats()
+            )
+        except QueueFullError as err:  # its prompt tokens: named, as above
+            err.replica = self._replica
+            raise
         self._in_flight += held
         self._streams += streamed
         spans = self._spans
@@ -171,8 +178,8 @@ class LLMServer:
         finished = cancelled = False
         try:
             stream = self._engine.generate_input(inp, request.request_id, queue_timeout_s)
-            if self._config.request_timeout_s is not None:
-                stream = with_deadline(stream, self._config.request_timeout_s)
+            if self._config.limits.request_timeout_s is not None:
+                stream = with_deadline(stream, self._config.limits.request_timeout_s)
             if streamed:
                 # Outputs that pile up while Serve ships the previous one travel as one message.
                 stream = coalesced(stream, self._interval)
@@ -190,7 +197,8 @@ class LLMServer:
                             raise InvalidRequestError(
                                 "structured_outputs",
                                 "structured_outputs: the constraint could not be compiled "
-                                f"within grammar_timeout_s ({self._config.grammar_timeout_s:g} s)",
+                                "within grammar_timeout_s "
+                                f"({self._config.engine.grammar_timeout_s:g} s)",
                             )
                         self._metrics.observe_finished(out, inp.lora)
                         if spans is not None and span is not None:
@@ -223,7 +231,7 @@ class LLMServer:
     def _queue_time_left(self, request: GenerateRequest) -> float | None:
         """What is left of queue_timeout_s once the time before this replica took the
         request (Serve's router queue) is counted; None: no limit."""
-        limit = self._config.queue_timeout_s
+        limit = self._config.limits.queue_timeout_s
         if not limit:
             return None
         # Wall clocks of the ingress's node and this one: a skew shifts this by its size.
@@ -233,7 +241,7 @@ class LLMServer:
         return left
 
     def _queue_timeout(self) -> QueueTimeoutError:
-        limit = self._config.queue_timeout_s
+        limit = self._config.limits.queue_timeout_s
         return QueueTimeoutError(
             f"the request waited longer than queue_timeout_s ({limit:g} s) to start: the "
             "server is overloaded; retry later",
@@ -251,7 +259,7 @@ class LLMServer:
         return max(0, self._in_flight - self._engine.stats().num_requests_running)
 
     def _interval(self) -> float:
-        return chunk_interval_s(self._streams, self._config.stream_interval_ms)
+        return chunk_interval_s(self._streams, self._config.replicas.stream_interval_ms)
 
     async def model_card(self) -> dict[str, Any]:
         """{"id", "max_model_len", "vocab_size", "created"}: /v1/models, ListModels, and the
@@ -304,9 +312,9 @@ class LLMServer:
             "waiting": s.num_requests_waiting,
             "running": s.num_requests_running,
             "kv_cache_usage": float(s.kv_cache_usage),
-            "max_queued_requests": self._config.max_queued_requests,
+            "max_queued_requests": self._config.limits.max_queued_requests,
             "queued_tokens": self._queued_tokens.waiting(s),
-            "max_queued_tokens": self._config.max_queued_tokens,
+            "max_queued_tokens": self._config.limits.max_queued_tokens,
             # A dead engine fails requests fast, so it would look least loaded: the router
             # drops replicas that say False here before Serve replaces them.
             "engine_alive": bool(self._engine.healthy) and not self._supervisor.restarting,

@@ -13,7 +13,7 @@ where `cost` is the request's prompt tokens times the samples it runs (a resumed
 recomputes its outputs too). A request over the limit on its own is taken when nothing waits,
 so a big prompt is never starved, only made to wait for an empty queue.
 
-The engine's stats are a snapshot of its last step (workers/frontend/engine_process.py sends one
+The engine's stats are a snapshot of its last step (workers/core/engine_child.py sends one
 after
 each step). A request admitted when the engine had done `s` steps may arrive while step s + 1
 is already scheduled, so it shows in the stats of step s + 2 at the latest: until then it is

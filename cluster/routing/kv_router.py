@@ -18,9 +18,11 @@ asks the index how many leading blocks each live replica holds, and picks the lo
 With the defaults a replica holding the adapter is worth 4 requests in flight (the
 prefix-affinity router's imbalance threshold): past that its adapter's requests spread.
 
-Replicas that left the deployment drop out of the index on the next request; a new replica
-(or a restarted engine: another epoch) starts empty. Requests with an explicit routing key,
-and non-generate calls, are routed like PrefixAffinityRouter does (rendezvous on the key).
+Replicas whose waiting queue is full are passed over while another has room, as
+PrefixAffinityRouter does (`routable`). Replicas that left the deployment drop out of the
+index on the next request; a new replica (or a restarted engine: another epoch) starts empty.
+Requests with an explicit routing key, and non-generate calls, are routed like
+PrefixAffinityRouter does (rendezvous on the key).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from cluster.routing.lora_policy import DEFAULT_HOLD_S, AdapterRouting
 from cluster.routing.router import (
     PrefixAffinityRouter,
     RouterOptions,
-    live_replicas,
     prefix_routing_key,
     rendezvous_rank,
 )
@@ -52,7 +53,8 @@ MAX_PENDING_CHOICES = 4096  # requests chosen for and not yet routed, remembered
 
 @dataclass(frozen=True)
 class KvRouterOptions:
-    """The KV router's `request_router_kwargs` (cluster/app.py passes them from ServeConfig)."""
+    """The KV router's `request_router_kwargs` (cluster/deploy/app.py passes them from
+    ServeConfig)."""
 
     block_size: int  # the engine's KV block size
     max_prompt_blocks: int = 256  # leading blocks hashed per prompt (bounds the lookup cost)
@@ -136,7 +138,7 @@ class KvEventsRouter(PrefixAffinityRouter):
         ask_for_backoff(pending_request)  # type: ignore[arg-type]
         self.remember_request(pending_request)
         self.refresh(candidate_replicas)
-        replicas = live_replicas(candidate_replicas, pending_request)
+        replicas = self.routable(candidate_replicas, pending_request)
         opts = self._kv_opts
         ids = request.input.prompt_token_ids
         lora = request.input.lora

@@ -18,9 +18,14 @@ What the router reads: the first argument of the handle call. Ingresses tokenize
 `LLMServer.generate` call carries a `cluster.messages.GenerateRequest` with token ids
 (an explicit `routing_key` overrides the hash); `replica_stats({"routing_key": K})` carries
 a dict. The block size is the engine's (`request_router_kwargs["block_size"]`, from
-ServeConfig via cluster/app.py). Serve internals the router needs are in ray_internals.py.
+ServeConfig via cluster/deploy/app.py). Serve internals the router needs are in ray_internals.py.
 
 Replicas whose routing stats say `engine_alive: False` are left out while any other is alive.
+So are replicas whose waiting queue is at their `max_queued_requests` cap (they answer 429)
+while another has room; the queue is estimated from this router's in-flight count, which moves
+with every request it sends, less the engine's running count of the last stats (`_has_room`).
+A request still refused for a full queue (another ingress's router filled it meanwhile) is
+sent again to another replica by the ingress (cluster/ingress/migration.py).
 
 A request under a LoRA adapter (`EngineInput.lora`) goes first where its adapter is loaded,
 then by prefix (its key salted with the adapter's id), then by load; when the adapter's
@@ -57,7 +62,7 @@ ROUTING_STATS_PERIOD_S = 1.0
 
 @dataclass(frozen=True)
 class RouterOptions:
-    """The router's `request_router_kwargs` (cluster/app.py passes them from ServeConfig)."""
+    """The router's `request_router_kwargs` (cluster/deploy/app.py passes them from ServeConfig)."""
 
     block_size: int  # the engine's KV block size: only full blocks are prefix-cached
     max_blocks: int = 4  # key = hash of the first min(full blocks, max_blocks) blocks
@@ -150,10 +155,16 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         if pending_request is not None:
             ask_for_backoff(pending_request)
             self.remember_request(pending_request)
-        candidate_replicas = live_replicas(candidate_replicas, pending_request)
+        request = pending_request.args[0] if pending_request and pending_request.args else None
+        if isinstance(request, dict):
+            # replica_stats({"routing_key": K}): K's replica, however busy; that is how a
+            # caller reaches each replica (a busy one is the one it wants to see).
+            preferred = self._preferred(live_replicas(candidate_replicas), pending_request)
+            if preferred is not None:
+                return [[preferred]]
+        candidate_replicas = self.routable(candidate_replicas, pending_request)
         # Shuffled first so that equally loaded replicas share the work (sort is stable).
         by_load = sorted(random.sample(candidate_replicas, len(candidate_replicas)), key=self._load)
-        request = pending_request.args[0] if pending_request and pending_request.args else None
         if isinstance(request, GenerateRequest) and request.input.lora is not None:
             return self._choose_for_adapter(by_load, request, pending_request)
         preferred = self._preferred(candidate_replicas, pending_request)
@@ -183,6 +194,14 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         if preferred is None:
             return "load"
         return "affinity" if preferred.replica_id == replica_id else "fallback"
+
+    def routable(
+        self, replicas: list[RunningReplica], pending_request: PendingRequest | None
+    ) -> list[RunningReplica]:
+        """The live replicas (`live_replicas`) with room in their waiting queue; all the live
+        ones when none has room (the request then waits in Serve's queue or gets its 429)."""
+        alive = live_replicas(replicas, pending_request)
+        return [r for r in alive if self._has_room(r)] or alive
 
     # -- internals -----------------------------------------------------------------------
 
@@ -230,6 +249,23 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         stats = replica.routing_stats or {}
         return int(stats.get("running", 0)) + int(stats.get("waiting", 0))
 
+    def _queued(self, replica: RunningReplica) -> int:
+        """The replica's waiting queue as this router can tell it now: its in-flight count
+        (Serve's queue-length cache, which counts each request this router sends the moment it
+        goes, and is set to the replica's own count on each reply) less what its engine ran at
+        the last stats. The replica's `queued` is up to one stats period old: a burst fills a
+        queue well before the next stats show it."""
+        stats = replica.routing_stats or {}
+        cached = self.replica_queue_len_cache.get(replica.replica_id)
+        if cached is None:
+            return int(stats.get("queued", 0))
+        return max(0, cached - int(stats.get("running", 0)))
+
+    def _has_room(self, replica: RunningReplica) -> bool:
+        """Below its `max_queued_requests` (a replica at it answers 429 QueueFullError)."""
+        cap = int((replica.routing_stats or {}).get("max_queued_requests", 0))
+        return not cap or self._queued(replica) < cap
+
     def _load(self, replica: RunningReplica) -> tuple[int, float]:
         stats = replica.routing_stats or {}
         return (self._in_flight(replica), float(stats.get("kv_cache_usage", 0.0)))
@@ -240,7 +276,7 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         if int(stats.get("waiting", 0)) > 0:
             return True  # the engine itself has no room: it is queueing
         cap = int(stats.get("max_queued_requests", 0))
-        if cap and int(stats.get("queued", 0)) * 2 >= cap:
+        if cap and self._queued(preferred) * 2 >= cap:
             return True  # half way to rejecting with 429
         token_cap = int(stats.get("max_queued_tokens", 0))
         if token_cap and int(stats.get("queued_tokens", 0)) * 2 >= token_cap:

@@ -28,7 +28,7 @@ def kvray_app(serve_ports: ServePorts) -> Iterator[App]:
 
     from cluster.config import ServeConfig
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         api_key_env=API_KEY_ENV,
         kv_cache_memory_bytes=KV_CACHE_BYTES,

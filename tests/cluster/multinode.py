@@ -86,8 +86,8 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
     import ray
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import bind_grpc_ingress, grpc_options
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
@@ -108,7 +108,7 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
         http_options={"host": "127.0.0.1", "port": http_port},
         grpc_options=grpc_options(grpc_port),
     )
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         api_key_env="KVRAY_MULTINODE_NO_KEY",
@@ -123,7 +123,7 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
     ing_opts["ray_actor_options"] = {**ing_opts["ray_actor_options"], **pinned}
     ingress = serve.deployment(OpenAIIngress, **ing_opts).bind(config, llm, grpc)
     serve.run(ingress, name="multinode", route_prefix="/")
-    app = App("multinode", f"http://127.0.0.1:{http_port}", config.model_name(), None)
+    app = App("multinode", f"http://127.0.0.1:{http_port}", config.engine.model_name(), None)
     head = ray.get_runtime_context().get_node_id()  # the driver runs on the head
     stats = replica_stats(app, 2)
     nodes = {s["node_id"] for s in stats.values()}

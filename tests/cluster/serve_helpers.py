@@ -6,7 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +63,11 @@ TEST_GRPC_DRAIN_S = 0.5
 def deploy(name: str, prefix: str, config: Any, ports: ServePorts, api_key: str | None) -> App:
     from ray import serve
 
-    from cluster.app import build_app
+    from cluster.deploy.app import build_app
 
-    config = replace(config, grpc_drain_s=TEST_GRPC_DRAIN_S)
+    config = config.replace(grpc_drain_s=TEST_GRPC_DRAIN_S)
     serve.run(build_app(config), name=name, route_prefix=prefix)
-    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), api_key)
+    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.engine.model_name(), api_key)
 
 
 def openai_client(app: App, api_key: str | None = None) -> Any:
@@ -147,20 +147,20 @@ def deploy_with_engine_env(
     **llm_options: Any,
 ) -> App:
     """`deploy` with extra environment variables in the LLMServer replicas (the engines' test
-    hooks, workers/frontend/engine_process.py) and LLMServer deployment options overridden (health
-    check periods, ...); no API key. The same application as cluster.app.build_app."""
+    hooks, workers/core/engine_child.py) and LLMServer deployment options overridden (health
+    check periods, ...); no API key. The same application as cluster.deploy.app.build_app."""
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
 
-    config = replace(config, grpc_drain_s=TEST_GRPC_DRAIN_S)
+    config = config.replace(grpc_drain_s=TEST_GRPC_DRAIN_S)
     opts = {**llm_server_options(config), **llm_options}
     opts["ray_actor_options"] = {**opts["ray_actor_options"], "runtime_env": {"env_vars": env}}
     llm = serve.deployment(LLMServer, **opts).bind(config)
     grpc = bind_grpc_ingress(config, llm)
     ingress = serve.deployment(OpenAIIngress, **ingress_options(config)).bind(config, llm, grpc)
     serve.run(ingress, name=name, route_prefix=prefix)
-    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.model_name(), None)
+    return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.engine.model_name(), None)

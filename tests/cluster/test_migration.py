@@ -7,11 +7,16 @@ replicas than --max-migrations allows gets a clear 503.
 
 Without migration each of these faults ends the victim's requests with a 503 / UNAVAILABLE,
 so every test here fails on a server that does not migrate.
+
+The shared app runs as `kvray serve --async-scheduling` does: a killed engine then has a step
+in flight whose tokens never reach the host, and the resumed streams must not miss or repeat
+them. Synchronous engines are killed in the TP, two-node and max-migrations tests, and in
+tests/cluster/ingress/test_migration.py. A small app (one sequence and SMALL_QUEUE waiting per
+replica) also checks that streams within the queue caps are never refused (429).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.bench.fault import pid_gone
+from cluster.bench.fault.main import pid_gone
 from cluster.cli.config import IMPORT_PATH
 from cluster.config import ServeConfig
 from tests.cluster.migration_load import (
@@ -57,7 +62,7 @@ def _config(**kw: object) -> ServeConfig:
         "graceful_shutdown_timeout_s": GRACE_S,
         "api_key_env": "KVRAY_MIGRATION_NO_KEY",  # unset on the cluster: no key required
     }
-    return ServeConfig(**{**base, **kw})
+    return ServeConfig.from_flat(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +88,8 @@ def _deploy(ports: ServePorts, replicas: int | None = None) -> App:
 
     from cluster.grpc_api.ingress import grpc_options
 
-    config = _config()
-    args = {k: v for k, v in dataclasses.asdict(config).items() if v != getattr(DEFAULTS, k)}
+    config = _config(async_scheduling=True)
+    args = {k: v for k, v in config.flat().items() if v != DEFAULTS.flat()[k]}
     spec: dict = {"name": NAME, "route_prefix": PREFIX, "import_path": IMPORT_PATH, "args": args}
     if replicas is not None:
         spec["deployments"] = [{"name": "LLMServer", "num_replicas": replicas}]
@@ -102,7 +107,7 @@ def _deploy(ports: ServePorts, replicas: int | None = None) -> App:
         return app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING"
 
     wait_for(running, "the application to run", 180)
-    return App(NAME, f"http://127.0.0.1:{ports.http}{PREFIX}", config.model_name(), None)
+    return App(NAME, f"http://127.0.0.1:{ports.http}{PREFIX}", config.engine.model_name(), None)
 
 
 @pytest.fixture(scope="module")
@@ -238,31 +243,61 @@ def _until_the_ingress_routes_to_both(app: App) -> None:
             i += 1
 
 
-def test_more_failures_than_max_migrations_is_a_clear_503(serve_ports: ServePorts) -> None:
+@pytest.fixture(scope="module")
+def small_app(serve_ports: ServePorts) -> Iterator[App]:
+    """Two replicas that run one sequence each and queue SMALL_QUEUE more; one migration."""
     from ray import serve
 
-    app = deploy("migration-max", "/migration-max", _config(max_migrations=1), serve_ports, None)
+    config = _config(max_migrations=1, max_num_seqs=1, max_queued_requests=SMALL_QUEUE)
+    app = deploy("migration-small", "/migration-small", config, serve_ports, None)
     try:
-        with httpx.Client(timeout=240) as http:
-            body = {"model": app.model, "prompt": [400] * 8, "max_tokens": 600}
-            body |= {"ignore_eos": True, "temperature": 0.0}
-            pending = _post_soon(http, f"{app.base_url}/v1/completions", body)
-            busy = lambda: busiest_replica(app, 2)["num_requests_running"] == 1  # noqa: E731
-            wait_for(busy, "the request", 120)
-            first = busiest_replica(app, 2)
-            kill_pid(first["engine_pid"])
-            # The second engine dies only once it has taken the migrated request: a refusal
-            # by an engine that never took it is not charged (the request waits for a
-            # replica instead), and the first replica restarts its engine in place.
-            second = lambda: _running_elsewhere(app, first["replica"])  # noqa: E731
-            wait_for(lambda: second() is not None, "the migrated request", 120)
-            kill_pid(second()["engine_pid"])
-            resp = pending()
-        assert resp.status_code == 503, resp.text
-        message = resp.json()["error"]["message"]
-        assert "max_migrations=1" in message and "2 replicas" in message, message
+        yield app
     finally:
         serve.delete(app.name)
+
+
+SMALL_QUEUE = 4
+
+
+def test_streams_within_the_queue_caps_get_no_429(small_app: App) -> None:
+    """As many streams as both waiting queues hold, all at once and with one prompt prefix
+    (the prefix-affinity router's favourite replica is the same for all): a replica whose
+    queue is full gets no more while the other has room, so none is refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def stream(i: int) -> tuple[int, str]:
+        body = {"model": small_app.model, "prompt": [500] * 20 + [600 + i], "max_tokens": 24}
+        body |= {"ignore_eos": True, "temperature": 0.0, "stream": True}
+        with httpx.Client(timeout=240) as http:
+            r = http.post(f"{small_app.base_url}/v1/completions", json=body)
+            return r.status_code, r.text
+
+    with ThreadPoolExecutor(2 * SMALL_QUEUE) as pool:
+        results = list(pool.map(stream, range(2 * SMALL_QUEUE)))
+    bad = [(status, text[:300]) for status, text in results if status != 200 or "error" in text]
+    assert bad == [], bad
+    assert all(text.rstrip().endswith("data: [DONE]") for _, text in results)
+
+
+def test_more_failures_than_max_migrations_is_a_clear_503(small_app: App) -> None:
+    with httpx.Client(timeout=240) as http:
+        body = {"model": small_app.model, "prompt": [400] * 8, "max_tokens": 600}
+        body |= {"ignore_eos": True, "temperature": 0.0}
+        pending = _post_soon(http, f"{small_app.base_url}/v1/completions", body)
+        busy = lambda: busiest_replica(small_app, 2)["num_requests_running"] == 1  # noqa: E731
+        wait_for(busy, "the request", 120)
+        first = busiest_replica(small_app, 2)
+        kill_pid(first["engine_pid"])
+        # The second engine dies only once it has taken the migrated request: a refusal
+        # by an engine that never took it is not charged (the request waits for a
+        # replica instead), and the first replica restarts its engine in place.
+        second = lambda: _running_elsewhere(small_app, first["replica"])  # noqa: E731
+        wait_for(lambda: second() is not None, "the migrated request", 120)
+        kill_pid(second()["engine_pid"])
+        resp = pending()
+    assert resp.status_code == 503, resp.text
+    message = resp.json()["error"]["message"]
+    assert "max_migrations=1" in message and "2 replicas" in message, message
 
 
 def _running_elsewhere(app: App, replica: str) -> dict | None:

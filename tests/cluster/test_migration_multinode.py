@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.serve_env import apply_serve_env
+from cluster.deploy.serve_env import apply_serve_env
 from tests.cluster.multinode import TwoNodeCluster
 from tests.cluster.serve_helpers import free_port
 

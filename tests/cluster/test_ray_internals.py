@@ -216,11 +216,11 @@ def test_serve_controller_lookup() -> None:
 
 
 def test_serve_still_reads_the_env_vars_kvray_sets() -> None:
-    # cluster/serve_env.py tunes Serve through environment variables, several of them
+    # cluster/deploy/serve_env.py tunes Serve through environment variables, several of them
     # undocumented; a renamed one would be silently ignored after an upgrade.
     from ray.serve._private import constants
 
-    from cluster.serve_env import LOCAL_SERVE_ENV, SERVE_ENV
+    from cluster.deploy.serve_env import LOCAL_SERVE_ENV, SERVE_ENV
 
     source = Path(inspect.getfile(constants)).read_text()
     missing = [k for k in {**SERVE_ENV, **LOCAL_SERVE_ENV} if f'"{k}"' not in source]

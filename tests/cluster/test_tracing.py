@@ -49,7 +49,7 @@ def test_off_without_an_endpoint() -> None:
 
 
 def test_on_with_an_endpoint_exports_over_otlp() -> None:
-    t = setup_tracing(ServeConfig(otlp_endpoint="http://127.0.0.1:9"), "LLMServer")
+    t = setup_tracing(ServeConfig.from_flat(otlp_endpoint="http://127.0.0.1:9"), "LLMServer")
     assert t is not None
     assert t.provider.resource.attributes["service.name"] == "kvray"
     assert t.provider.resource.attributes["kvray.deployment"] == "LLMServer"
@@ -68,7 +68,7 @@ def test_the_endpoint_is_a_collector_base_url_or_a_full_one() -> None:
 )
 def test_bad_settings_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
-        ServeConfig(**{field: value})
+        ServeConfig.from_flat(**{field: value})
 
 
 def test_a_missing_exporter_names_the_extra() -> None:
@@ -78,7 +78,7 @@ def test_a_missing_exporter_names_the_extra() -> None:
         "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None\n"
         "from cluster.config import ServeConfig\n"
         "from cluster.tracing import exporter_missing, setup_tracing\n"
-        "config = ServeConfig(otlp_endpoint='http://127.0.0.1:4318')\n"
+        "config = ServeConfig.from_flat(otlp_endpoint='http://127.0.0.1:4318')\n"
         "print(exporter_missing(config))\n"  # what `kvray serve` checks before it starts
         "setup_tracing(config, 'x')\n"  # what a replica meets on a cluster without it
     )
@@ -86,7 +86,7 @@ def test_a_missing_exporter_names_the_extra() -> None:
     assert run.returncode != 0
     assert "--otlp-endpoint needs the OTLP exporter" in run.stdout and OTEL_EXTRA in run.stdout
     assert "TracingUnavailableError" in run.stderr and OTEL_EXTRA in run.stderr
-    assert exporter_missing(ServeConfig(otlp_endpoint="http://127.0.0.1:4318")) is None
+    assert exporter_missing(ServeConfig.from_flat(otlp_endpoint="http://127.0.0.1:4318")) is None
     assert issubclass(TracingUnavailableError, RuntimeError)
 
 

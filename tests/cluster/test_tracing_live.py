@@ -77,14 +77,14 @@ def send_both(app: App, grpc_port: int) -> tuple[int, int]:
 def traced(serve_ports: ServePorts) -> Iterator[Traced]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
 
     with OtlpReceiver() as receiver:
-        config = ServeConfig(
+        config = ServeConfig.from_flat(
             grpc_drain_s=TEST_GRPC_DRAIN_S,
             otlp_endpoint=receiver.endpoint,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
@@ -101,7 +101,10 @@ def traced(serve_ports: ServePorts) -> Iterator[Traced]:
         try:
             wait_serving(grpc_port)
             app = App(
-                name, f"http://127.0.0.1:{serve_ports.http}{prefix}", config.model_name(), None
+                name,
+                f"http://127.0.0.1:{serve_ports.http}{prefix}",
+                config.engine.model_name(),
+                None,
             )
             yield Traced(app, receiver, *send_both(app, grpc_port))
         finally:

@@ -73,7 +73,7 @@ def tiny_app(serve_ports: ServePorts) -> Iterator[App]:
     admitted (admission counts each request's n)."""
     from ray import serve
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=1,
         kv_cache_memory_bytes=TINY_KV_BYTES,
         max_num_seqs=16,
@@ -142,14 +142,14 @@ def test_requests_that_fit_alone_but_overflow_together_all_finish(
 
 
 def test_n_over_the_bound_is_a_400_naming_n(tiny_app: App, http: httpx.Client) -> None:
-    max_n = ServeConfig().max_n
+    max_n = ServeConfig().limits.max_n
     resp = _complete(http, tiny_app, prompt="hello", max_tokens=2, n=max_n + 1)
     err = _error(resp, 400)
     assert err["param"] == "n" and "max_n" in err["message"], err
 
 
 def test_n_at_the_bound_does_not_stall_a_small_request(tiny_app: App, http: httpx.Client) -> None:
-    max_n = ServeConfig().max_n
+    max_n = ServeConfig().limits.max_n
     rng = random.Random(3)
     with ThreadPoolExecutor(3) as pool:
         big = [
@@ -182,7 +182,7 @@ def test_n_at_the_bound_does_not_stall_a_small_request(tiny_app: App, http: http
 def test_a_client_that_leaves_gets_its_sequences_aborted(
     tiny_app: App, http: httpx.Client, capacity: int
 ) -> None:
-    max_n = ServeConfig().max_n
+    max_n = ServeConfig().limits.max_n
     max_tokens = capacity - 16
     before = _one_replica_stats(tiny_app)
     body = {
@@ -227,10 +227,10 @@ STEP_TIMEOUT_S = 5.0  # healthy steps take milliseconds; a loaded CI machine may
 
 def _deploy_with_one_hanging_replica(ports: ServePorts, claim: Path) -> App:
     """Two replicas; the first engine to start claims `claim` and hangs in its first step
-    (workers/frontend/engine_process.py's test hooks); health checks every 0.5 s."""
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV, TEST_STEP_SLEEP_ONCE_ENV
+    (workers/core/engine_child.py's test hooks); health checks every 0.5 s."""
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV, TEST_STEP_SLEEP_ONCE_ENV
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         step_timeout_s=STEP_TIMEOUT_S,
         num_replicas=2,
         kv_cache_memory_bytes=KV_CACHE_BYTES,

@@ -108,7 +108,7 @@ def main() -> None:
     p.add_argument("--model", default="random:qwen3-0.6b")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    from cluster.bench.random_model import random_model_dir
+    from cluster.bench.common.random_model import random_model_dir
 
     model_dir = (
         random_model_dir(args.model.split(":", 1)[1], dtype="bfloat16")

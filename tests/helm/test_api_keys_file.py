@@ -57,7 +57,7 @@ def test_the_application_reads_the_mounted_file(render):
     assert args["api_keys_file"] == f"{MOUNT}/k.json"
     # The Serve config the operator deploys is a valid ServeConfig (the file is read on the
     # cluster, where it is mounted).
-    assert ServeConfig.from_args(args).api_keys_file == f"{MOUNT}/k.json"
+    assert ServeConfig.from_args(args).tenants.api_keys_file == f"{MOUNT}/k.json"
 
 
 def test_a_bad_secret_key_is_refused_by_the_schema(render):

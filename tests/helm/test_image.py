@@ -46,3 +46,30 @@ def test_image_context_holds_the_serve_application():
         assert project["readme"] in allowed
     for path in allowed:
         assert f" {path}" in DOCKERFILE.read_text(), f"{path} is in the context but never copied"
+
+
+def _stages() -> list[str]:
+    """The Dockerfile's build stages, each from its FROM line, backslash-continued lines joined."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    return ["FROM" + s for s in re.split(r"^FROM", text, flags=re.MULTILINE)[1:]]
+
+
+def test_image_installs_the_wheel_built_from_the_sources_and_imports_every_module():
+    """The sources go into a stage that builds the wheel; the serving image gets the wheel
+    alone (what `pip install kvray-*.whl` installs anywhere, not a source tree that would
+    hide a file the wheel lacks), keeps Ray and torch pinned, and imports every module."""
+    *builders, final = _stages()
+    wheel_stages = [s for s in builders if "pip wheel" in s and "--no-deps" in s]
+    assert len(wheel_stages) == 1, "no build stage (before the last) makes kvray's wheel"
+    (wheel_stage,) = wheel_stages
+    assert " workers/" in wheel_stage and " cluster/" in wheel_stage
+    # No sources in this stage: `python -m` (the check) imports from the working directory
+    # first, where a source tree would stand in for the install.
+    assert not re.search(r"^(COPY|ADD) ", final, re.MULTILINE), "the serving stage copies files"
+    (install,) = [line for line in final.splitlines() if re.match(r"RUN .*\.whl", line)]
+    assert re.search(r'pip install [^&]*kvray-\*\.whl\)?\[otel\]"', install), install
+    for pin in ('"ray[serve]==${RAY_VERSION}"', '"torch==${TORCH_VERSION}"'):
+        assert pin in install
+    check = "python -m cluster.install_check"
+    assert check in install, "the install is not checked in the layer that makes it"
+    assert (REPO_ROOT / "cluster" / "install_check.py").is_file()

@@ -82,8 +82,8 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
     app, liveness = parsed.applications
     assert app.import_path == "cluster.app:build_app"
     assert app.route_prefix == "/"
-    # The pods' liveness probe path, served off the ingress (cluster/liveness.py).
-    assert liveness.import_path == "cluster.liveness:build_liveness_app"
+    # The pods' liveness probe path, served off the ingress (cluster/deploy/liveness.py).
+    assert liveness.import_path == "cluster.app:build_liveness_app"
     assert liveness.route_prefix == values["probes"]["liveness"]["path"] == "/health"
     assert liveness.name == f"{app.name}-liveness"
     assert parsed.http_options.port == values["serve"]["httpPort"]
@@ -93,32 +93,32 @@ def test_serve_config_is_accepted_by_ray_serve_and_kvray(case):
 
     config = ServeConfig.from_args(app.args)
     engine, serve = values["engine"], values["serve"]
-    assert config.tensor_parallel_size == engine["tensorParallelSize"]
-    assert config.device == engine["device"]
-    assert config.max_queued_requests == serve["maxQueuedRequests"]
-    assert config.max_queued_tokens == serve["maxQueuedTokens"]
-    assert config.api_key_env == values["apiKey"]["envName"]
-    assert config.model == (values["model"]["path"] or None)
+    assert config.engine.tensor_parallel_size == engine["tensorParallelSize"]
+    assert config.engine.device == engine["device"]
+    assert config.limits.max_queued_requests == serve["maxQueuedRequests"]
+    assert config.limits.max_queued_tokens == serve["maxQueuedTokens"]
+    assert config.network.api_key_env == values["apiKey"]["envName"]
+    assert config.engine.model == (values["model"]["path"] or None)
     if serve["autoscaling"]["enabled"]:
-        assert config.autoscaling
-        assert config.min_replicas == serve["autoscaling"]["minReplicas"]
-        assert config.max_replicas == serve["autoscaling"]["maxReplicas"]
+        assert config.autoscaling.enabled
+        assert config.autoscaling.min_replicas == serve["autoscaling"]["minReplicas"]
+        assert config.autoscaling.max_replicas == serve["autoscaling"]["maxReplicas"]
         scaling = serve["autoscaling"]
-        assert config.autoscaling_policy == scaling["policy"]
-        assert config.target_waiting_requests == scaling["targetWaitingRequests"]
-        assert config.target_kv_cache_usage == scaling["targetKvCacheUsage"]
-        assert config.upscale_delay_s == scaling["upscaleDelaySeconds"]
-        assert config.downscale_delay_s == scaling["downscaleDelaySeconds"]
+        assert config.autoscaling.autoscaling_policy == scaling["policy"]
+        assert config.autoscaling.target_waiting_requests == scaling["targetWaitingRequests"]
+        assert config.autoscaling.target_kv_cache_usage == scaling["targetKvCacheUsage"]
+        assert config.autoscaling.upscale_delay_s == scaling["upscaleDelaySeconds"]
+        assert config.autoscaling.downscale_delay_s == scaling["downscaleDelaySeconds"]
     else:
-        assert not config.autoscaling
-        assert config.num_replicas == serve["replicas"]
+        assert not config.autoscaling.enabled
+        assert config.replicas.num_replicas == serve["replicas"]
 
 
 def test_one_engine_replica_fills_one_worker_pod(case):
     """GPUs per worker pod = tensorParallelSize, and the replica's placement group (from the
     application's own deployment options) fits a single pod, as STRICT_PACK requires."""
-    from cluster.app import llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import llm_server_options
 
     values, objects = case
     rayservice = only(objects, "RayService")
@@ -283,9 +283,9 @@ def test_api_key_reaches_pods_from_a_secret(case):
 
 
 def test_pods_run_with_kvrays_serve_settings(case):
-    """Every Ray container gets cluster/serve_env.py's settings, as `kvray serve` runs with;
+    """Every Ray container gets cluster/deploy/serve_env.py's settings, as `kvray serve` runs with;
     extraEnv comes after them, so a user's value for the same name wins."""
-    from cluster.serve_env import SERVE_ENV
+    from cluster.deploy.serve_env import SERVE_ENV
 
     _, objects = case
     for container in _ray_containers(only(objects, "RayService")).values():
@@ -374,5 +374,5 @@ def test_tracing_reaches_the_app_only_when_set(render):
     values = {"serve": {"otlpEndpoint": "http://otel-collector:4318", "otlpSampleRatio": 0.25}}
     args = serve_config(only(render(values), "RayService"))["applications"][0]["args"]
     config = ServeConfig.from_args(args)
-    assert config.otlp_endpoint == "http://otel-collector:4318"
-    assert config.otlp_sample_ratio == 0.25
+    assert config.tracing.otlp_endpoint == "http://otel-collector:4318"
+    assert config.tracing.otlp_sample_ratio == 0.25

@@ -71,7 +71,7 @@ def _validate(objects: list[dict[str, Any]]) -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tls_off_renders_none_of_it(render, name):
-    from cluster.serve_env import SERVE_ENV
+    from cluster.deploy.serve_env import SERVE_ENV
 
     objects = render(CASES[name])
     rayservice = only(objects, "RayService")
@@ -150,13 +150,13 @@ def test_serve_config_terminates_https_and_grpc_tls_with_the_secrets_files(tls_c
     assert (parsed.http_options.ssl_certfile, parsed.http_options.ssl_keyfile) == (CERT, KEY)
     app = parsed.applications[0]
     config = ServeConfig.from_args(app.args)  # validates the pair
-    assert config.tls
-    assert (config.tls_cert_file, config.tls_key_file) == (CERT, KEY)
+    assert config.network.tls
+    assert (config.network.tls_cert_file, config.network.tls_key_file) == (CERT, KEY)
 
 
 def test_haproxy_and_direct_ingress_are_off(tls_case):
     """The Ray containers run with what `kvray serve --tls-cert` sets for itself."""
-    from cluster.serve_env import SERVE_ENV, apply_serve_env
+    from cluster.deploy.serve_env import SERVE_ENV, apply_serve_env
 
     local: dict[str, str] = {}
     apply_serve_env(local, free_port=lambda: 1, tls=True)

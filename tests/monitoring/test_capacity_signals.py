@@ -35,10 +35,10 @@ LOADS = {
 def _targets() -> ScalingTargets:
     cfg = ServeConfig()
     return ScalingTargets(
-        target_waiting_requests=cfg.target_waiting_requests,
-        target_kv_cache_usage=cfg.target_kv_cache_usage,
-        upscale_delay_s=cfg.upscale_delay_s,
-        downscale_delay_s=cfg.downscale_delay_s,
+        target_waiting_requests=cfg.autoscaling.target_waiting_requests,
+        target_kv_cache_usage=cfg.autoscaling.target_kv_cache_usage,
+        upscale_delay_s=cfg.autoscaling.upscale_delay_s,
+        downscale_delay_s=cfg.autoscaling.downscale_delay_s,
     )
 
 
@@ -53,13 +53,24 @@ def _rule_constant(record: str) -> float:
 def test_rule_and_dashboard_targets_are_the_autoscalers_defaults() -> None:
     cfg = ServeConfig()
     assert _rule_constant("kvray:autoscaling_target_waiting_requests") == (
-        cfg.target_waiting_requests
+        cfg.autoscaling.target_waiting_requests
     )
-    assert _rule_constant("kvray:autoscaling_target_kv_cache_usage") == cfg.target_kv_cache_usage
+    assert (
+        _rule_constant("kvray:autoscaling_target_kv_cache_usage")
+        == cfg.autoscaling.target_kv_cache_usage
+    )
     variables = {v["name"]: v for v in load_dashboard()["templating"]["list"]}
-    assert float(variables["target_waiting_requests"]["query"]) == cfg.target_waiting_requests
-    assert float(variables["target_kv_cache_usage"]["query"]) == cfg.target_kv_cache_usage
-    assert float(DASHBOARD_VARIABLES["target_waiting_requests"]) == cfg.target_waiting_requests
+    assert (
+        float(variables["target_waiting_requests"]["query"])
+        == cfg.autoscaling.target_waiting_requests
+    )
+    assert (
+        float(variables["target_kv_cache_usage"]["query"]) == cfg.autoscaling.target_kv_cache_usage
+    )
+    assert (
+        float(DASHBOARD_VARIABLES["target_waiting_requests"])
+        == cfg.autoscaling.target_waiting_requests
+    )
 
 
 @pytest.mark.parametrize("name", sorted(LOADS))

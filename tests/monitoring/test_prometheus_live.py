@@ -99,8 +99,8 @@ def stack(ray_session: RaySession, serve_ports: ServePorts) -> Iterator[Stack]:
         pytest.skip("prometheus missing: run monitoring/install_prometheus.sh")
     from ray import serve
 
-    from cluster.app import build_app
     from cluster.config import ServeConfig
+    from cluster.deploy.app import build_app
 
     # The checks below read cluster-wide sums (tokens of every request, LLMServer replicas):
     # tests/conftest.py runs this module before any other deploys a kvray app.
@@ -110,7 +110,7 @@ def stack(ray_session: RaySession, serve_ports: ServePorts) -> Iterator[Stack]:
     tmp = Path(tempfile.mkdtemp(prefix="kvray-prom-"))
     proc: subprocess.Popen[bytes] | None = None
     try:
-        config = ServeConfig(
+        config = ServeConfig.from_flat(
             num_replicas=NUM_REPLICAS,
             device="cpu",
             max_model_len=512,
@@ -139,7 +139,7 @@ def stack(ray_session: RaySession, serve_ports: ServePorts) -> Iterator[Stack]:
             http_url=f"http://127.0.0.1:{serve_ports.http}{PREFIX}",
             metrics_url=ray_session.metrics_url,
             prom_url=prom_url,
-            model=config.model_name(),
+            model=config.engine.model_name(),
         )
         # A baseline before the load: rate() needs samples from before the counters moved.
         wait_for(

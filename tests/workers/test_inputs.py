@@ -9,6 +9,7 @@ import pytest
 
 from workers import EngineInput, InputChecker, SamplingParams
 from workers.inputs import ResumedSample
+from workers.lora.request import LoRARequest
 
 CHECKER = InputChecker(vocab_size=100, max_model_len=32)
 PARAMS = SamplingParams(max_tokens=8)
@@ -56,6 +57,38 @@ def test_params_are_validated_again() -> None:
     params.top_p = 0.0
     with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\]"):
         CHECKER.check([1], params)
+
+
+def test_check_returns_the_final_input_with_its_adapter_and_tenant() -> None:
+    lora = LoRARequest("a", 7, "/x/a")
+    inp = CHECKER.check([1, 2], PARAMS, priority=-2, lora=lora, tenant="acme")
+    assert inp == EngineInput((1, 2), PARAMS, priority=-2, tenant="acme", lora=lora)
+    assert CHECKER.check([1], PARAMS) == EngineInput((1,), PARAMS)  # the base model, no tenant
+    with pytest.raises(ValueError, match=r"^lora must be a LoRARequest, got dict"):
+        CHECKER.check([1], PARAMS, lora={"lora_name": "a"})  # type: ignore[arg-type]
+
+
+def test_a_request_validates_its_params_once_whatever_its_prompts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    params = SamplingParams(max_tokens=4)  # built (and validated) before counting starts
+    calls = []
+    validate = SamplingParams.validate
+
+    def counted(self: SamplingParams) -> None:
+        calls.append(self)
+        validate(self)
+
+    monkeypatch.setattr(SamplingParams, "validate", counted)
+    request = CHECKER.request(params, -1, lora=LoRARequest("a", 7, "/x/a"), tenant="acme")
+    inputs = [request.input([t, t + 1]) for t in range(5)]
+    assert calls == [params]
+    assert {(i.priority, i.tenant, i.lora.lora_int_id) for i in inputs} == {(-1, "acme", 7)}
+    assert [i.prompt_token_ids for i in inputs] == [(t, t + 1) for t in range(5)]
+    # Each prompt is still checked against the model, naming the field given.
+    with pytest.raises(ValueError, match=r"^prompt\[2\] token id 100 is outside"):
+        request.input([100], field="prompt[2]")
+    assert calls == [params]
 
 
 def test_the_field_name_is_the_callers() -> None:

@@ -36,3 +36,13 @@ def test_ints_count_as_numbers_bools_do_not() -> None:
     assert SamplingParams(temperature=0, top_p=1).temperature == 0
     with pytest.raises(ValueError, match="^temperature "):
         SamplingParams(temperature=True)
+
+
+def test_derived_params_are_a_copy_not_validated_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    params = SamplingParams(seed=3, stop=["x"])
+    calls: list[SamplingParams] = []
+    monkeypatch.setattr(SamplingParams, "validate", lambda self: calls.append(self))
+    sample = params.derived(seed=4, eos_token_ids=(2,))
+    assert calls == []  # the engine derives per-sample params from checked ones
+    assert (sample.seed, sample.eos_token_ids, sample.stop) == (4, (2,), ["x"])
+    assert (params.seed, params.eos_token_ids) == (3, ())  # the original is unchanged

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 
 from workers.config import EngineArgs, EngineConfig, fit_to_kv_cache
 from workers.core.block_manager import BlockManager
 from workers.core.engine_stats import engine_stats
+from workers.core.expert_report import latest_expert_tokens, report_experts_if_idle
 from workers.core.output_processor import (
     finish_abort,
     finish_grammar_complete,
@@ -31,7 +31,7 @@ from workers.core.output_processor import (
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.scheduler import Scheduler, SchedulerOutput
 from workers.core.stats import EngineStats
-from workers.core.step import build_step_input
+from workers.core.step_diff import build_step_input
 from workers.executor.base import Executor, create_executor
 from workers.executor.pending import Launched, Resolved
 from workers.inputs import EngineInput, InputChecker
@@ -53,8 +53,7 @@ class LLMEngine:
 
         self.tokenizer = Tokenizer.from_pretrained(config.model.path)
         self.executor = executor or create_executor(config, progress=progress)
-        # Only now is the KV cache sized: max_model_len must fit it (capped, or an error for
-        # an explicit max_model_len; see fit_to_kv_cache).
+        # Only now is the KV cache sized: max_model_len must fit it (see fit_to_kv_cache).
         kv_cache_tokens = self.executor.num_blocks * config.cache.block_size
         try:
             config = fit_to_kv_cache(config, kv_cache_tokens)
@@ -72,9 +71,10 @@ class LLMEngine:
             kv_events=config.cache.kv_events,
         )
         # LoRA: the adapters' device slots (None: the engine serves the base model only).
-        self.lora_slots = None if config.lora is None else LoraSlotTable(config.lora, config.model)
+        self.lora_slots = LoraSlotTable.of(config, self.executor.lora_adapters)
         self.lora_load_seconds = 0.0
         self.moe_expert_tokens: tuple[tuple[int, ...], ...] = ()  # EngineStats' field
+        self.expert_tokens_step = 0  # num_steps when an idle engine last asked for them
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
@@ -160,7 +160,7 @@ class LLMEngine:
             if self.lora_slots is None:
                 raise ValueError("lora: this engine serves no adapters (start it with enable_lora)")
             self.lora_slots.check(inp.lora)  # LoraError (a ValueError) for a bad adapter
-        params = replace(inp.params, eos_token_ids=self.eos_token_ids)
+        params = inp.params.derived(eos_token_ids=self.eos_token_ids)  # checked already
         ids = list(inp.prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
         # A resumed request (inp.resume) runs only its unfinished samples, each under its own
@@ -170,11 +170,11 @@ class LLMEngine:
         resumed = {r.index: r for r in inp.resume}
         seqs: list[Seq] = []
         for i in sorted(resumed) if resumed else range(params.n):
-            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            p = params if params.seed is None or i == 0 else params.derived(seed=params.seed + i)
             if i > 0 and p.prompt_logprobs is not None:
                 # The samples share one prompt: the first scores it, the others reuse its
                 # cached blocks (the gate below) instead of computing it again.
-                p = replace(p, prompt_logprobs=None)
+                p = p.derived(prompt_logprobs=None)
             seq = Seq(
                 seq_id=f"{request_id}#{i}",
                 request_id=request_id,
@@ -263,6 +263,7 @@ class LLMEngine:
                 outputs.append(self._finish_request(req))
             elif req.params.output_kind is RequestOutputKind.DELTA:
                 outputs.append(request_delta_output(req))
+        report_experts_if_idle(self)  # the last steps' tokens per expert, once idle
         return outputs
 
     def _launch(self, sched: SchedulerOutput) -> Launched:
@@ -297,8 +298,7 @@ class LLMEngine:
         while its step was in flight drops its token."""
         result = launched.pending.result()
         self.lora_load_seconds += result.lora_load_s
-        if result.expert_tokens is not None:
-            self.moe_expert_tokens = result.expert_tokens
+        self.moe_expert_tokens = latest_expert_tokens(self.moe_expert_tokens, result.expert_tokens)
         now = time.monotonic()
         # Before the tokens: a first token may finish (and retire) a scored sequence.
         for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():

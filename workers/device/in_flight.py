@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.core.step import StepOutput
 from workers.device.layers.sampler import HostCopy, logprobs_to_dicts
 from workers.device.layers.sampling_batch import SamplingBatch
 from workers.device.model_runner import ModelInput
 from workers.device.scoring import ScoringOutputs
+from workers.messages.step import StepOutput
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.core.step import StepOutput
 from workers.device.model_runner import ChunkRows, ModelInput
+from workers.messages.step import StepOutput
 
 
 @dataclass

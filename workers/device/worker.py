@@ -12,7 +12,6 @@ import time
 import torch
 
 from workers.config import EngineConfig
-from workers.core.step import GrammarBitmask, StepInput, StepOutput
 from workers.device.attention_backend import AttentionBackend
 from workers.device.compile import CompiledForward
 from workers.device.decode_graphs import FullGraphForward
@@ -34,6 +33,7 @@ from workers.device.triton_inputs import (
     prepare_triton_inputs,
     table_width,
 )
+from workers.messages.step import GrammarBitmask, StepInput, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ class Worker:
             pending = self._execute(step)
             if pending is not None:
                 pending.lora_load_s = load_s
-                pending.expert_tokens = self._expert_tokens_report()
+                pending.expert_tokens = self._expert_tokens_report(step.report_experts)
             return pending
         finally:
             self.steps += 1
@@ -350,9 +350,12 @@ class Worker:
         slot_t, counts, mask = self.penalty_counts.tables(rows)
         return (counts, mask), slot_t
 
-    def _expert_tokens_report(self) -> tuple[tuple[int, ...], ...] | None:
-        """Every sparse layer's tokens per expert, about once a second (one host sync)."""
-        if not self.moe_layers or time.monotonic() - self._expert_report_t < EXPERT_REPORT_S:
+    def _expert_tokens_report(self, now: bool = False) -> tuple[tuple[int, ...], ...] | None:
+        """Every sparse layer's tokens per expert, about once a second (one host sync), or
+        `now` (the engine went idle)."""
+        if not self.moe_layers:
+            return None
+        if not now and time.monotonic() - self._expert_report_t < EXPERT_REPORT_S:
             return None
         self._expert_report_t = time.monotonic()
         counts = torch.stack([m.expert_tokens for m in self.moe_layers]).tolist()

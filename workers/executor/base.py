@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from workers.config import EngineConfig
-from workers.core.step import StepInput, StepOutput
 from workers.executor.pending import PendingStep
+from workers.messages.step import StepInput, StepOutput
+
+if TYPE_CHECKING:
+    from workers.lora.host_cache import AdapterCache
 
 
 class Executor(Protocol):
     num_blocks: int
+    # The worker's adapter host cache when it runs in the engine's process (None otherwise):
+    # the engine's adapter check reads through it, so a slot load reads nothing again.
+    lora_adapters: AdapterCache | None
 
     def execute(self, step: StepInput) -> StepOutput: ...
     # Starts the step and returns before its results reach the host, where the ranks allow.
@@ -33,6 +39,8 @@ class InProcessExecutor:
         self.worker = Worker(config, SINGLE, platform.torch_device(0), progress=progress)
         self.num_blocks = self.worker.available_kv_blocks()
         self.worker.init_kv_cache(self.num_blocks)
+        lora = self.worker.lora
+        self.lora_adapters = lora.adapters if lora is not None else None
 
     def execute(self, step: StepInput) -> StepOutput:
         out = self.worker.execute(step)

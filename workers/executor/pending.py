@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from workers.core.step import StepOutput
+from workers.messages.step import StepOutput
 
 
 class PendingStep(Protocol):

@@ -23,8 +23,8 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.config import EngineConfig
-from workers.core.step import StepInput, StepOutput
 from workers.executor.pending import Resolved
+from workers.messages.step import StepInput, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,9 @@ class RankFailedError(RuntimeError):
 
 
 class RayExecutor:
+    # Each rank reads an adapter itself when it first loads it (workers/lora/host_cache.py).
+    lora_adapters = None
+
     def __init__(self, config: EngineConfig) -> None:
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from workers.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, EngineArgs
 from workers.core.engine import LLMEngine
+from workers.inputs import CheckedRequest
 from workers.lora.request import LoRARequest
 from workers.outputs import RequestOutput, RequestOutputKind
 from workers.pooling import Pooling
@@ -84,17 +85,25 @@ class LLM:
         # Check every request before admitting any. Only final outputs are returned, so the
         # engine is asked for nothing else (no per-step deltas).
         checker, tokenizer = self.engine.input_checker, self.engine.tokenizer
-        final = {id(p): _final_only(p) for p in plist}  # one copy per distinct params object
+        final: dict[int, SamplingParams] = {}  # one copy per distinct params object
+        for p in plist:
+            if id(p) not in final:
+                final[id(p)] = _final_only(p)
         if lora_request is None or isinstance(lora_request, LoRARequest):
             loras = [lora_request] * len(prompts)
         else:
             loras = list(lora_request)
         if len(loras) != len(prompts):
             raise ValueError(f"lora_request has {len(loras)} entries for {len(prompts)} prompts")
-        inputs = [
-            replace(checker.check_prompt(prompt, final[id(p)], tokenizer, priority=rank), lora=lo)
-            for prompt, p, rank, lo in zip(prompts, plist, priorities, loras, strict=True)
-        ]
+        # What prompts share (their params, priority and adapter) is checked once, then each
+        # prompt: a list of prompts under one SamplingParams validates it once.
+        requests: dict[tuple[int, int, int], CheckedRequest] = {}
+        inputs = []
+        for prompt, p, rank, lo in zip(prompts, plist, priorities, loras, strict=True):
+            key = (id(p), id(rank), id(lo))  # all alive in the lists above: the ids are stable
+            if key not in requests:
+                requests[key] = checker.request(final[id(p)], rank, lora=lo)
+            inputs.append(requests[key].prompt(prompt, tokenizer))
         for p in final.values():
             if p.structured_outputs is not None:
                 check_structured(p.structured_outputs, tokenizer)

@@ -1,5 +1,6 @@
 """A worker's adapters: the slots attached to its model's projections, the adapters read from
-disk (a bounded host cache), and loading one into a slot (this rank's shard of it).
+disk (a bounded host cache, workers/lora/host_cache.py), and loading one into a slot (this
+rank's shard of it).
 
 The engine core decides which adapter sits in which slot (workers/lora/slots.py) and tells
 the workers in the step that first needs it (`StepInput.lora_loads`); a worker loads it
@@ -10,14 +11,14 @@ the base weights (a path every rank can see, like the model directory).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from workers.config import EngineConfig
 from workers.device.distributed import TPGroup
-from workers.lora.checkpoint import LoraAdapter, load_adapter
+from workers.lora.checkpoint import LoraAdapter
+from workers.lora.host_cache import AdapterCache
 from workers.lora.layers import LoraBatch, LoraSlots
 from workers.lora.request import LoRARequest
 
@@ -44,7 +45,8 @@ class LoraDevice:
         self.lora = config.lora
         self.batch = LoraBatch()
         self.targets = _attach(model, config, tp, self.batch)
-        self.cache: OrderedDict[int, LoraAdapter] = OrderedDict()  # lora_int_id -> adapter
+        # Read from disk and checked; the engine core's check shares it when in this process.
+        self.adapters = AdapterCache(config.model, self.lora.max_lora_rank, self.lora.max_cpu_loras)
         self.slot_ids: list[int | None] = [None] * self.lora.max_loras
         self.load_seconds = 0.0
         self.loads = 0
@@ -52,23 +54,12 @@ class LoraDevice:
     def load(self, slot: int, req: LoRARequest) -> None:
         """Puts `req`'s adapter into `slot` (replacing whatever was there)."""
         t0 = time.perf_counter()
-        adapter = self._adapter(req)
+        adapter = self.adapters.get(req)
         for t in self.targets:
             t.slots.write(slot, [_shard(adapter, t, name, i) for i, name in enumerate(t.modules)])
         self.slot_ids[slot] = req.lora_int_id
         self.loads += 1
         self.load_seconds += time.perf_counter() - t0
-
-    def _adapter(self, req: LoRARequest) -> LoraAdapter:
-        adapter = self.cache.get(req.lora_int_id)
-        if adapter is None:
-            adapter = load_adapter(req.lora_path, self.config.model, self.lora.max_lora_rank)
-            self.cache[req.lora_int_id] = adapter
-            while len(self.cache) > self.lora.max_cpu_loras:
-                self.cache.popitem(last=False)
-        else:
-            self.cache.move_to_end(req.lora_int_id)
-        return adapter
 
 
 def _shard(adapter: LoraAdapter, t: _Target, name: str, part: int) -> _Part:

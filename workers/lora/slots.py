@@ -10,21 +10,32 @@ evicted. A new placement is sent to the workers with the step that first needs i
 
 Adapters are checked once, when a request first names them (`check`): a bad file fails that
 request with `LoraError` (a ValueError: a 400 at the servers) before anything is scheduled.
+With the worker in this process, the check reads through the worker's host cache
+(workers/lora/host_cache.py), so the slot load finds the adapter read already.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-from workers.config import ModelConfig
+from workers.config import EngineConfig, ModelConfig
 from workers.lora.config import LoraConfig
 from workers.lora.request import LoRARequest
 
+if TYPE_CHECKING:
+    from workers.lora.host_cache import AdapterCache
+
 
 class LoraSlotTable:
-    def __init__(self, config: LoraConfig, model: ModelConfig) -> None:
+    def __init__(
+        self, config: LoraConfig, model: ModelConfig, adapters: AdapterCache | None = None
+    ) -> None:
         self.config = config
         self.model = model
+        # The in-process worker's host cache (None: the ranks are other processes, which read
+        # the adapter themselves; the check here reads it and lets it go).
+        self.host_cache = adapters
         n = config.max_loras
         self.ids: list[int | None] = [None] * n  # lora_int_id per slot
         self.users = [0] * n  # running sequences per slot
@@ -35,15 +46,24 @@ class LoraSlotTable:
         self.loads = 0
         self.evictions = 0
 
+    @staticmethod
+    def of(config: EngineConfig, adapters: AdapterCache | None) -> LoraSlotTable | None:
+        """The engine's table (None without LoRA); `adapters`: the executor's in-process host
+        cache, through which a check reads, so the adapter's slot load reads nothing again."""
+        return None if config.lora is None else LoraSlotTable(config.lora, config.model, adapters)
+
     def check(self, lora: LoRARequest) -> None:
         """Reads the adapter once per (id, path) and checks it fits the model (LoraError)."""
         key = (lora.lora_int_id, lora.lora_path)
         if key in self.checked:
             self.checked.move_to_end(key)
             return
-        from workers.lora.checkpoint import load_adapter  # torch: only once adapters are used
+        if self.host_cache is not None:
+            self.host_cache.get(lora)  # kept for the worker's slot load
+        else:
+            from workers.lora.checkpoint import load_adapter  # torch: once adapters are used
 
-        load_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
+            load_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
         self.checked[key] = None
         while len(self.checked) > self.config.max_cpu_loras:
             self.checked.popitem(last=False)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.core.request import Request, Seq
-from workers.core.step import GrammarBitmask
+from workers.messages.step import GrammarBitmask
 from workers.structured.backend import CompiledGrammar, MaskFiller, bitmask_words
 from workers.structured.compiler import GrammarCompiler
 

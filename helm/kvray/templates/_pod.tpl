@@ -87,7 +87,7 @@ spec:
           containerPort: {{ $v.ray.metricsPort }}
       {{- $secret := include "kvray.apiKeySecretName" $root }}
       env:
-        # Ray Serve settings kvray runs with (cluster/serve_env.py, kept equal by a test):
+        # Ray Serve settings kvray runs with (cluster/deploy/serve_env.py, kept equal by a test):
         # every Ray process in the pod reads them when it imports Ray Serve.
         - name: RAY_SERVE_USE_GRPC_BY_DEFAULT
           value: "1"
@@ -103,7 +103,7 @@ spec:
           value: "1"
         {{- if $tls }}
         # HTTPS is terminated by Serve's own proxy (http_options.ssl_*): Ray's HAProxy has no
-        # TLS, so HAProxy and direct ingress stay off (cluster/serve_env.py, tls=True).
+        # TLS, so HAProxy and direct ingress stay off (cluster/deploy/serve_env.py, tls=True).
         - name: RAY_SERVE_ENABLE_DIRECT_INGRESS
           value: "0"
         - name: RAY_SERVE_ENABLE_HA_PROXY
@@ -119,7 +119,7 @@ spec:
         {{- /* The key goes to the Ray container only (not init containers, not KubeRay's
         autoscaler sidecar): its readers are the HTTP ingress replicas, which take no CPU and
         no placement constraint so Ray may place them on the head or on any engine pod
-        (cluster/app.py ingress_options), and the gRPC ingress, pinned to the head. */}}
+        (cluster/deploy/app.py ingress_options), and the gRPC ingress, pinned to the head. */}}
         {{- if $secret }}
         - name: {{ $v.apiKey.envName }}
           valueFrom:

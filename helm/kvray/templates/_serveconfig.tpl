@@ -89,12 +89,12 @@ itself; no servicer functions keeps Ray Serve's own gRPC proxy off that port.
   "import_path" "cluster.app:build_app"
   "args" (include "kvray.serveArgs" . | fromYaml)
 }}
-{{- /* GET /health from a replica of its own, off the ingress's event loop (cluster/liveness.py):
-the pods' liveness probes must answer under any load. */}}
+{{- /* GET /health from a replica of its own, off the ingress's event loop
+(cluster/deploy/liveness.py): the pods' liveness probes must answer under any load. */}}
 {{- $liveness := dict
   "name" (printf "%s-liveness" $s.appName)
   "route_prefix" "/health"
-  "import_path" "cluster.liveness:build_liveness_app"
+  "import_path" "cluster.app:build_liveness_app"
 }}
 {{- $http := dict "host" "0.0.0.0" "port" (int64 $s.httpPort) }}
 {{- if .Values.tls.enabled }}

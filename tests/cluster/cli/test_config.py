@@ -61,7 +61,7 @@ def test_yaml_shape_and_schema(tmp_path: Path) -> None:
     assert liveness == {
         "name": "kvray-liveness",
         "route_prefix": "/health",
-        "import_path": "cluster.liveness:build_liveness_app",
+        "import_path": "cluster.app:build_liveness_app",
     }
     assert app["args"]["min_replicas"] == 1 and app["args"]["max_replicas"] == 4
     assert "sk-unique-7781" not in yaml.safe_dump(doc)  # the key itself is never written

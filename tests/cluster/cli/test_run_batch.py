@@ -20,7 +20,7 @@ import pytest
 from cluster.cli import run_batch
 from cluster.cli.main import main
 from cluster.config import ServeConfig
-from cluster.serve_env import LOCAL_PORT_KEYS
+from cluster.deploy.serve_env import LOCAL_PORT_KEYS
 from tests.cluster.serve_helpers import API_KEY, API_KEY_ENV, App, free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -163,8 +163,8 @@ def test_flags_that_make_no_sense_are_refused(tmp_path: Path, capsys: Any) -> No
 
 
 def test_locally_enough_requests_fill_every_replicas_sequences() -> None:
-    assert run_batch.local_concurrency(ServeConfig(max_num_seqs=8, num_replicas=3)) == 24
-    assert run_batch.local_concurrency(ServeConfig(max_num_seqs=8, max_replicas=5)) == 40
+    assert run_batch.local_concurrency(ServeConfig.from_flat(max_num_seqs=8, num_replicas=3)) == 24
+    assert run_batch.local_concurrency(ServeConfig.from_flat(max_num_seqs=8, max_replicas=5)) == 40
 
 
 @pytest.mark.slow

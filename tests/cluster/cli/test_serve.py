@@ -25,7 +25,7 @@ import pytest
 from cluster.cli import serve as serve_cmd
 from cluster.cli.flags import config_from_flags
 from cluster.cli.ports import port_in_use, serve_haproxies
-from cluster.serve_env import LOCAL_PORT_KEYS
+from cluster.deploy.serve_env import LOCAL_PORT_KEYS
 from tests.cluster.serve_helpers import KV_CACHE_BYTES, TEST_GRPC_DRAIN_S, ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,7 +47,8 @@ def test_defaults_follow_design() -> None:
     )
     assert args.address is None and args.api_key is None
     config = config_from_flags(args)
-    assert config.model is None and config.num_replicas == 1 and not config.autoscaling
+    assert config.engine.model is None and config.replicas.num_replicas == 1
+    assert not config.autoscaling.enabled
 
 
 def test_flags_become_config() -> None:
@@ -57,13 +58,11 @@ def test_flags_become_config() -> None:
     )  # fmt: skip
     c = config_from_flags(args)
     assert c.autoscaling_config()["max_replicas"] == 3
-    assert c.kv_cache_memory_bytes == 512 * 1024**2 and c.max_queued_requests == 7
-    assert c.tensor_parallel_size == 2 and not c.enable_prefix_caching
+    assert c.engine.kv_cache_memory_bytes == 512 * 1024**2 and c.limits.max_queued_requests == 7
+    assert c.engine.tensor_parallel_size == 2 and not c.engine.enable_prefix_caching
 
 
 def test_every_config_field_is_a_flag_with_the_configs_default() -> None:
-    from dataclasses import fields
-
     from cluster.config import ServeConfig
 
     assert config_from_flags(_parse()) == ServeConfig()  # no flag restates a default
@@ -71,10 +70,11 @@ def test_every_config_field_is_a_flag_with_the_configs_default() -> None:
         _parse("--block-size", "32", "--tp", "2", "--no-engine-process", "--device", "cpu",
                "--grpc-max-message-bytes", "8MiB", "--model", "rel/ckpt")
     )  # fmt: skip
-    assert c.block_size == 32 and c.tensor_parallel_size == 2 and not c.engine_process
-    assert c.grpc_max_message_bytes == 8 << 20 and c.device == "cpu"
-    assert c.model == os.path.abspath("rel/ckpt")
-    assert {f.name for f in fields(ServeConfig)} <= set(vars(_parse()))
+    assert c.engine.block_size == 32 and c.engine.tensor_parallel_size == 2
+    assert not c.replicas.engine_process
+    assert c.network.grpc_max_message_bytes == 8 << 20 and c.engine.device == "cpu"
+    assert c.engine.model == os.path.abspath("rel/ckpt")
+    assert {f.name for _, f, _ in ServeConfig.settings()} <= set(vars(_parse()))
     with pytest.raises(SystemExit):
         _parse("--kv-cache-memory", "lots")
 

@@ -2,7 +2,7 @@
 scales it down to zero (min_replicas 0), and the first request after that waits for a replica
 to start and succeeds. Every request across all of it gets 200.
 
-The engine sleeps before every step (workers/frontend/engine_process.py's test hook) and runs one
+The engine sleeps before every step (workers/core/engine_child.py's test hook) and runs one
 sequence at a time, so a burst surely leaves requests waiting on any machine; the delays are
 short so the test is quick. The waits poll Serve's status with generous hang guards: nothing
 here asserts on time.
@@ -34,9 +34,9 @@ CLIENT_TIMEOUT_S = 180.0
 def app(serve_ports: ServePorts) -> Iterator[App]:
     from ray import serve
 
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         min_replicas=0,
         max_replicas=MAX_REPLICAS,
         target_waiting_requests=1.0,

@@ -173,7 +173,7 @@ def test_serve_config_hands_the_policy_to_serve() -> None:
     with the config's targets; Serve's own delays are 0 (the policy applies them)."""
     from ray.serve._private.autoscaling_state import _resolve_policy_callable
 
-    cfg = ServeConfig(
+    cfg = ServeConfig.from_flat(
         min_replicas=0, max_replicas=3, target_waiting_requests=2.0, downscale_delay_s=30.0
     )
     serve_cfg = AutoscalingConfig(**cfg.autoscaling_config())
@@ -194,7 +194,9 @@ def test_serve_config_hands_the_policy_to_serve() -> None:
 
 
 def test_ongoing_requests_policy_is_serves_default() -> None:
-    cfg = ServeConfig(max_replicas=2, autoscaling_policy="ongoing_requests", upscale_delay_s=3.0)
+    cfg = ServeConfig.from_flat(
+        max_replicas=2, autoscaling_policy="ongoing_requests", upscale_delay_s=3.0
+    )
     serve_cfg = AutoscalingConfig(**cfg.autoscaling_config())
     assert serve_cfg.policy.is_default_policy_function()
     assert serve_cfg.upscale_delay_s == 3.0
@@ -212,4 +214,4 @@ def test_ongoing_requests_policy_is_serves_default() -> None:
 )
 def test_bad_autoscaling_fields_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=f"^{field} "):
-        ServeConfig(**{field: value})
+        ServeConfig.from_flat(**{field: value})

@@ -60,13 +60,13 @@ def offline() -> Offline:
 def cluster(offline: Offline, serve_ports: ServePorts) -> Iterator[Cluster]:
     from ray import serve
 
-    from cluster.app import build_app
     from cluster.config import ServeConfig
+    from cluster.deploy.app import build_app
 
     # On the session's Ray and Serve (tests/conftest.py, which runs these modules before any
     # other kvray app takes Serve's gRPC port); replicas read the key from the environment
     # that instance started with.
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         grpc_drain_s=TEST_GRPC_DRAIN_S, api_key_env=KEY_ENV, max_queued_requests=MAX_QUEUED
     )
     serve.run(build_app(config), name="kvray", route_prefix="/")

@@ -51,7 +51,8 @@ def wait_serving(port: int) -> None:
 
     poll(
         lambda: health(port) == health_pb2.HealthCheckResponse.SERVING,
-        f"gRPC health SERVING on port {port} (is GrpcIngress bound in cluster.app.build_app?)",
+        f"gRPC health SERVING on port {port} (is GrpcIngress bound in "
+        "cluster.deploy.app.build_app?)",
         interval=0.5,
     )
 

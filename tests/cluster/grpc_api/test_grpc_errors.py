@@ -93,7 +93,7 @@ def test_missing_or_wrong_key_is_unauthenticated(cluster: Cluster) -> None:
 
 
 def test_request_over_the_size_limit_is_resource_exhausted(client: KvrayClient) -> None:
-    limit = 4 * 1024 * 1024  # ServeConfig.grpc_max_message_bytes default, not the proxy's 2 GiB
+    limit = 4 * 1024 * 1024  # grpc_max_message_bytes default, not the proxy's 2 GiB
     code, details = rpc_status(lambda: client.generate("a" * (limit + 1)))
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
 

@@ -72,6 +72,7 @@ def test_max_tokens_0_with_echo_scores_the_prompt_only() -> None:
         {"prompt_logprobs": 21},
         {"prompt_logprobs": -1},
         {"prompt_logprobs": 2, "stream": True},
+        {"prompt_logprobs": -1, "stream": True},
     ],
 )
 def test_bad_prompt_logprobs_name_the_field(body: dict[str, Any]) -> None:
@@ -82,6 +83,17 @@ def test_bad_prompt_logprobs_name_the_field(body: dict[str, Any]) -> None:
         with pytest.raises(InvalidRequestError) as err:
             request.sampling_params()
         assert err.value.param == "prompt_logprobs"
+
+
+@pytest.mark.parametrize("asked", [-1, 21])
+def test_echo_does_not_hide_bad_prompt_logprobs(asked: int) -> None:
+    # echo with logprobs raises the engine's prompt_logprobs to cover both views: a bad value
+    # the client asked for is still refused (by SamplingParams' one range check).
+    with pytest.raises(InvalidRequestError) as err:
+        CompletionRequest(
+            prompt="hi", echo=True, logprobs=2, prompt_logprobs=asked
+        ).sampling_params()
+    assert err.value.param == "prompt_logprobs" and f"got {asked}" in err.value.message
 
 
 def test_a_stream_takes_prompt_logprobs_0_and_computes_none() -> None:

@@ -182,9 +182,9 @@ def test_generation_requests_beyond_the_cap_are_429_unread_and_probes_still_pass
 def test_the_ingress_cap_is_what_the_replicas_can_hold() -> None:
     from cluster.config import ServeConfig
 
-    one = ServeConfig(max_ongoing_requests=256, max_queued_requests=128)
+    one = ServeConfig.from_flat(max_ongoing_requests=256, max_queued_requests=128)
     assert one.ingress_max_in_flight() == 2 * 256 + 128
-    scaled = ServeConfig(min_replicas=0, max_replicas=3, ingress_replicas=2)
+    scaled = ServeConfig.from_flat(min_replicas=0, max_replicas=3, ingress_replicas=2)
     assert scaled.ingress_max_in_flight() == -(-(4 * 256 + 128) // 2)
 
 

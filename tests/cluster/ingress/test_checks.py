@@ -11,6 +11,7 @@ from cluster.errors import InvalidRequestError
 from cluster.ingress import checks
 from cluster.messages import GenerateRequest
 from workers.inputs import EngineInput, InputChecker
+from workers.lora.request import LoRARequest
 from workers.outputs import RequestOutputKind
 from workers.sampling_params import SamplingParams
 
@@ -34,11 +35,14 @@ def test_bad_params_name_the_field(kwargs: dict, field: str) -> None:
     assert err.value.param == field and field in err.value.message
 
 
-def test_a_checked_input_is_the_engine_type() -> None:
+def test_checked_inputs_are_the_engine_type_one_per_prompt() -> None:
     params = SamplingParams(max_tokens=4)
-    inp = checks.engine_input(CHECKER, [1, 2, 3], params)
+    lora = LoRARequest("a", 1, "/x/a")
+    inp, other = checks.engine_inputs(CHECKER, [[1, 2, 3], [4]], params, lora=lora, tenant="t")
     assert isinstance(inp, EngineInput)
     assert inp.prompt_token_ids == (1, 2, 3) and inp.params is params and inp.prompt is None
+    assert other == EngineInput((4,), params, lora=lora, tenant="t")
+    assert checks.engine_inputs(CHECKER, [[1]], params)[0] == EngineInput((1,), params)
 
 
 @pytest.mark.parametrize(
@@ -57,14 +61,15 @@ def test_prompt_errors_name_the_input_field(
     ids: list[int], max_tokens: int | None, field: str, param: str
 ) -> None:
     with pytest.raises(InvalidRequestError) as err:
-        checks.engine_input(CHECKER, ids, SamplingParams(max_tokens=max_tokens), field)
+        checks.engine_inputs(CHECKER, [[1], ids], SamplingParams(max_tokens=max_tokens), field)
     assert err.value.param == param
     assert err.value.http_status == 400 and err.value.grpc_code == "INVALID_ARGUMENT"
 
 
 def test_the_message_to_llm_server_pickles() -> None:
     params = checks.sampling_params({"max_tokens": 4, "stop": ["x"]}, stream=True)
-    req = GenerateRequest("r-1", checks.engine_input(CHECKER, [4, 5], params), routing_key="k")
+    (inp,) = checks.engine_inputs(CHECKER, [[4, 5]], params, lora=LoRARequest("a", 1, "/x/a"))
+    req = GenerateRequest("r-1", inp, routing_key="k")
     back = pickle.loads(pickle.dumps(req))
     assert back == req and back.input.params.output_kind is RequestOutputKind.DELTA
     with pytest.raises(AttributeError):

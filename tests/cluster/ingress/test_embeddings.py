@@ -16,6 +16,7 @@ from cluster.ingress.limits import DEFAULT_LIMITS
 from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
 from workers.inputs import InputChecker
+from workers.lora.request import LoRARequest
 from workers.outputs import CompletionOutput, RequestMetrics, RequestOutput, RequestOutputKind
 from workers.pooling import Pooling
 
@@ -87,6 +88,14 @@ def test_each_input_is_one_final_only_pooling_request(preparer: Preparer, prompt
     assert prepared.tool_use is None and prepared.constraint is None
     ids = [r.request_id for r in prepared.requests("embd-1")]
     assert ids == ["embd-1-0", "embd-1-1"]
+    assert {(i.lora, i.tenant) for i in prepared.inputs} == {(None, None)}
+    lora = LoRARequest("a", 3, "/x/a")
+    under = asyncio.run(
+        embeddings.prepare(
+            preparer, _http("Hi", "there"), EmbedOptions(), "input", lora=lora, tenant="t"
+        )
+    )
+    assert {(i.lora, i.tenant) for i in under.inputs} == {(lora, "t")}
 
 
 def test_empty_batch_empty_input_and_too_many_inputs(preparer: Preparer) -> None:

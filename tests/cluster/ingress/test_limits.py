@@ -30,7 +30,7 @@ SMALL = RequestLimits(
 
 def test_defaults_are_serve_configs() -> None:
     assert RequestLimits.from_config(ServeConfig()) == DEFAULT_LIMITS
-    config = ServeConfig(**{f.name: 7 for f in fields(RequestLimits)})
+    config = ServeConfig.from_flat(**{f.name: 7 for f in fields(RequestLimits)})
     assert RequestLimits.from_config(config) == RequestLimits(
         **{f.name: 7 for f in fields(RequestLimits)}
     )
@@ -42,7 +42,7 @@ def test_defaults_are_serve_configs() -> None:
 def test_each_bound_is_a_validated_config_value_with_a_flag(name: str) -> None:
     with pytest.raises(ValueError, match=rf"^{name} "):
         ServeConfig.from_args({name: 0})
-    flag = next(f for f in fields(ServeConfig) if f.name == name).metadata["flag"]
+    flag = next(s for _, f, s in ServeConfig.settings() if f.name == name)
     assert flag.help
 
 

@@ -1,7 +1,7 @@
 """What `model` resolves to at an ingress (cluster/ingress/lora_catalog.py): the base model,
-an adapter (its LoRARequest on every engine input), or 404; loads checked before they are
-registered; two ingresses sharing one registry (the real class, called in process instead
-of through Ray), their caches' refresh on a fake clock."""
+an adapter (its LoRARequest, which the preparation puts on every engine input), or 404;
+loads checked before they are registered; two ingresses sharing one registry (the real
+class, called in process instead of through Ray), their caches' refresh on a fake clock."""
 
 from __future__ import annotations
 
@@ -20,15 +20,12 @@ from cluster.ingress.lora_errors import (
     LoraRegistryUnavailableError,
     RuntimeLoraOffError,
 )
-from cluster.ingress.lora_registry import LoraRegistry
-from cluster.ingress.prepare import Outputs, Prepared
-from workers.inputs import EngineInput
+from cluster.ingress.lora_registry import LoraRegistry, static_id
 from workers.lora.checkpoint import LoraError
 from workers.lora.request import LoRARequest
-from workers.sampling_params import SamplingParams
 
 SERVED = "kvray-demo"
-STATIC = ServeConfig(lora_modules=["a=/x/a", "b=/x/b"]).lora_modules
+STATIC = ServeConfig.from_flat(lora_modules=["a=/x/a", "b=/x/b"]).lora.lora_modules
 
 
 class InProcess:
@@ -79,22 +76,33 @@ def test_the_model_an_adapter_or_not_found() -> None:
     for model in (None, "", SERVED):
         assert _run(catalog.target(model)) == ModelTarget(SERVED)
     target = _run(catalog.target("b"))
-    assert target == ModelTarget("b", LoRARequest("b", 2, "/x/b", SERVED))
+    assert target == ModelTarget("b", LoRARequest("b", static_id("b", "/x/b"), "/x/b", SERVED))
     with pytest.raises(ModelNotFoundError, match="'c'"):
         _run(catalog.target("c"))
-    assert [(a.name, a.lora_int_id) for a in _run(catalog.adapters())] == [("a", 1), ("b", 2)]
+    want = [("a", static_id("a", "/x/a")), ("b", static_id("b", "/x/b"))]
+    assert [(a.name, a.lora_int_id) for a in _run(catalog.adapters())] == want
 
 
-def test_a_target_puts_its_adapter_on_every_engine_input() -> None:
-    params = SamplingParams(max_tokens=4)
-    prepared = Prepared(
-        params, (EngineInput([1, 2], params), EngineInput([3], params)), Outputs(None, None)
-    )
-    lora = LoRARequest("a", 1, "/x/a", SERVED)
-    applied = ModelTarget("a", lora).apply(prepared)
-    assert [inp.lora for inp in applied.inputs] == [lora, lora]
-    assert [inp.prompt_token_ids for inp in applied.inputs] == [[1, 2], [3]]
-    assert ModelTarget(SERVED).apply(prepared) is prepared
+def test_a_static_adapter_keeps_its_id_only_while_its_path_stays() -> None:
+    """A redeploy (or restart) serving a name from another directory: another id, so no
+    engine serves it with the weights it holds under the old one (they are keyed by id)."""
+    before = _catalog(None, Clock())
+
+    def catalog(*modules: str) -> LoraCatalog:
+        return LoraCatalog(SERVED, ServeConfig.from_flat(lora_modules=modules).lora.lora_modules)
+
+    same, moved = catalog("a=/x/a", "b=/x/b"), catalog("a=/y/a", "b=/x/b")
+    reordered = catalog("b=/x/b", "a=/x/a")
+
+    def lora(catalog: LoraCatalog, name: str) -> LoRARequest:
+        found = _run(catalog.target(name)).lora
+        assert found is not None
+        return found
+
+    assert lora(same, "a") == lora(before, "a") == lora(reordered, "a")
+    assert lora(moved, "a").lora_int_id != lora(before, "a").lora_int_id
+    assert lora(moved, "a").lora_path == "/y/a"
+    assert lora(moved, "b") == lora(before, "b")
 
 
 def test_without_runtime_loading_load_and_unload_are_refused() -> None:

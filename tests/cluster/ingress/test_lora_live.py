@@ -31,6 +31,7 @@ import pytest
 
 from cluster.config import ServeConfig
 from cluster.grpc_api.client import KvrayClient, completion_text
+from cluster.ingress.lora_registry import static_id
 from tests.cluster.grpc_api.grpc_helpers import rpc_status, wait_serving
 from tests.cluster.serve_helpers import (
     API_KEY,
@@ -66,7 +67,7 @@ def app(
 ) -> Iterator[LoraApp]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.ingress.lora_registry import delete_registry
@@ -79,7 +80,7 @@ def app(
     shutil.copytree(paths[0], bad)
     adapter_config = json.loads((bad / "adapter_config.json").read_text())
     (bad / "adapter_config.json").write_text(json.dumps({**adapter_config, "use_dora": True}))
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         grpc_drain_s=TEST_GRPC_DRAIN_S,
         num_replicas=1,
         api_key_env=API_KEY_ENV,
@@ -101,7 +102,9 @@ def app(
     base = f"http://127.0.0.1:{serve_ports.http}/lora"
     target = f"127.0.0.1:{grpc_port}"
     try:
-        yield LoraApp(APP_NAME, base, config.model_name(), API_KEY, target, tuple(paths), str(bad))
+        yield LoraApp(
+            APP_NAME, base, config.engine.model_name(), API_KEY, target, tuple(paths), str(bad)
+        )
     finally:
         serve.delete(APP_NAME)
         delete_registry(APP_NAME)
@@ -162,14 +165,15 @@ def test_requests_run_under_the_adapter_they_name(
     assert (base.model, a.model) == (app.model, "a")
     assert a.choices[0].text != base.choices[0].text  # the engine ran the adapter
     engine = replica_stats(app, 1)
-    assert 1 in next(iter(engine.values()))["lora_adapters"]  # a's id, in a device slot
+    a_id = static_id("a", app.adapters[0])  # a config adapter's id: its name and path
+    assert a_id in next(iter(engine.values()))["lora_adapters"]  # in a device slot
     chat = client.chat.completions.create(
         model="b", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )
     assert chat.model == "b"
     stream = client.completions.create(model="a", prompt=PROMPT, stream=True, **GREEDY)
     chunks = list(stream)
-    assert {c.model for c in chunks} == {"a"}
+    assert {c.engine.model for c in chunks} == {"a"}
     assert "".join(c.choices[0].text for c in chunks if c.choices) == a.choices[0].text
     assert client.responses.create(model="b", input="Hi", max_output_tokens=4).model == "b"
     embedding = client.embeddings.create(model="a", input=PROMPT, encoding_format="float")

@@ -4,7 +4,7 @@ unloaded and shadowed, ids kept above the static ones, versions."""
 
 from __future__ import annotations
 
-from cluster.ingress.lora_registry import Adapter, LoraRegistry, Statics
+from cluster.ingress.lora_registry import STATIC_ID_BASE, Adapter, LoraRegistry, Statics, static_id
 
 STATICS = Statics(("a", "b"))  # ids 1 and 2, from the config
 
@@ -20,6 +20,16 @@ def test_runtime_ids_start_above_the_static_ones_and_never_repeat() -> None:
     # The same name from the same (maybe rewritten) path: a new id, never 3 again.
     again, _ = reg.load(STATICS, "c", "/x/c")
     assert again is not None and again.lora_int_id == 5
+
+
+def test_a_static_id_is_its_name_and_path_above_every_runtime_id() -> None:
+    assert static_id("a", "/x/a") == static_id("a", "/x/a")  # every ingress, every restart
+    ids = {static_id(n, p) for n in ("a", "b") for p in ("/x/a", "/x/a/v2", "/y")}
+    assert len(ids) == 6  # another name or path: another id
+    assert all(STATIC_ID_BASE <= i < 2**63 for i in ids)  # a valid LoRARequest id
+    restarted = LoraRegistry(restarted=True)  # the highest runtime ids: from the clock
+    c, _ = restarted.load(STATICS, "c", "/x/c")
+    assert c is not None and c.lora_int_id < STATIC_ID_BASE
 
 
 def test_taken_names_and_unknown_unloads() -> None:

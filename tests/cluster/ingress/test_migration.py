@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.errors import EngineDeadError
+from cluster.errors import EngineDeadError, QueueFullError
 from cluster.ingress.migration import migrating
 from cluster.messages import GenerateRequest
 from workers import AsyncEngine, EngineArgs, SamplingParams
@@ -233,3 +233,52 @@ def test_no_replica_taking_it_within_the_queue_timeout_is_a_503(
         _run(never())
     assert err.value.http_status == 503 and err.value.retry_after_s >= 1
     assert 0.5 <= time.monotonic() - t0 < 5
+
+
+class Full(Replicas):
+    """Replicas whose waiting queues are at their cap (`full`) refuse with QueueFullError
+    naming themselves, before anything ran; the others serve."""
+
+    def __init__(self, engines: dict[str, AsyncEngine], full: set[str]):
+        super().__init__(engines, fail_after=10**9, failures=0)
+        self.full = full
+
+    async def attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        names = list(self.engines)
+        name = next((n for n in names if n not in request.exclude_replicas), names[-1])
+        if name in self.full:
+            self.seen.append(request)
+            raise QueueFullError("too many requests waiting on this replica", replica=name)
+        async for out in super().attempt(request):
+            yield out
+
+
+def test_a_full_replica_s_refusal_goes_to_another_uncharged(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    request = _request(engines, params)
+    room_on_b = Full(engines, full={"a"})
+    _, last = _run(_collect(migrating(room_on_b.attempt, request, 3)))
+    assert last.outputs[0].finish_reason == "length"
+    assert [r.exclude_replicas for r in room_on_b.seen] == [set(), {"a"}]
+    assert [r.migration for r in room_on_b.seen] == [0, 0]  # no migration charged
+
+    # Every replica full: each is tried once, then the 429 is the client's.
+    all_full = Full(engines, full={"a", "b"})
+    with pytest.raises(QueueFullError, match="too many requests waiting"):
+        _run(_collect(migrating(all_full.attempt, request, 3)))
+    assert [r.exclude_replicas for r in all_full.seen] == [set(), {"a"}, {"a", "b"}]
+
+    # Serve's own queue cap names no replica: nothing to try instead.
+    class ServeFull(Replicas):
+        async def attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+            self.seen.append(request)
+            raise QueueFullError("too many requests queued for the engine replicas")
+            yield  # an async generator, as the handle call is
+
+    serve_full = ServeFull(engines, fail_after=0)
+    with pytest.raises(QueueFullError, match="queued for the engine replicas"):
+        _run(_collect(migrating(serve_full.attempt, request, 3)))
+    assert len(serve_full.seen) == 1
+    _assert_no_blocks_held(engines)

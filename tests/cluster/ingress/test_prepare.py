@@ -24,6 +24,8 @@ from cluster.ingress.limits import DEFAULT_LIMITS
 from cluster.ingress.prepare import Prepared, Preparer, Source
 from cluster.ingress.prompts import Prompts
 from workers.inputs import InputChecker
+from workers.lora.request import LoRARequest
+from workers.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TOOLS = [
@@ -100,6 +102,29 @@ def test_a_completion_batch_is_one_input_per_prompt(preparer: Preparer) -> None:
     assert text.inputs[0].prompt_token_ids == prepared.inputs[1].prompt_token_ids
 
 
+def test_the_inputs_are_final_under_the_adapter_and_for_the_tenant(preparer: Preparer) -> None:
+    lora = LoRARequest("a", 1, "/x/a", "kvray-demo")
+    body = CompletionRequest(prompt=["Once upon", "a time"], max_tokens=4)
+    prepared = asyncio.run(preparer.prepare(body, lora=lora, tenant="acme"))
+    assert [(inp.lora, inp.tenant) for inp in prepared.inputs] == [(lora, "acme")] * 2
+    base = _prepare(preparer, body)
+    assert [(inp.lora, inp.tenant) for inp in base.inputs] == [(None, None)] * 2
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_sampling_params_are_validated_once_per_request_not_per_prompt(
+    preparer: Preparer, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    calls: Counter = Counter()
+    _counting(monkeypatch, calls, SamplingParams, "validate")
+    body = CompletionRequest(prompt=["Once upon a time"] * count, max_tokens=4)
+    prepared = _prepare(preparer, body)
+    assert len(prepared.inputs) == count
+    # Once when built, once by the input check (a SamplingParams may change after it is
+    # built), whatever the number of prompts.
+    assert calls["validate"] == 2
+
+
 def _counting(monkeypatch: pytest.MonkeyPatch, calls: Counter, owner: Any, name: str) -> None:
     """Replaces owner.name by a wrapper that counts its calls."""
     fn: Callable[..., Any] = getattr(owner, name)
@@ -168,6 +193,17 @@ def test_errors_name_the_field_each_api_wrote(
     with pytest.raises(InvalidRequestError) as err:
         _prepare(preparer, _grpc_chat(**grpc))
     assert err.value.param == grpc_field, err.value.message
+
+
+@pytest.mark.parametrize("kw", [{"prompt_logprobs": 21}, {"max_tokens": 0}, {"top_p": 2.0}])
+def test_a_field_both_apis_take_is_checked_in_one_place(preparer: Preparer, kw: dict) -> None:
+    """SamplingParams' checks alone: the same message from both APIs."""
+    messages = []
+    for source in (_http_chat(**kw), _grpc_chat(**kw)):
+        with pytest.raises(InvalidRequestError) as err:
+            _prepare(preparer, source)
+        messages.append(err.value.message)
+    assert messages[0] == messages[1], messages
 
 
 def test_prompt_checks_come_first(preparer: Preparer) -> None:

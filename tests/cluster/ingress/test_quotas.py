@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.config.keys_file import Quota
 from cluster.ingress.quotas import MAX_BUCKETS, QuotaExceededError, Quotas, TokenBucket, charge
-from cluster.keys_file import Quota
 from workers.inputs import EngineInput
 from workers.pooling import Pooling
 from workers.sampling_params import SamplingParams

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from cluster.config import ServeConfig
+from cluster.config.keys_file import derived_name, parse_keys
 from cluster.errors import AuthenticationError, InvalidRequestError
 from cluster.ingress.auth import ApiKeyAuth
 from cluster.ingress.tenants import TenantAuth, bind_tenant, current_tenant
-from cluster.keys_file import derived_name, parse_keys
 
 KEYS = parse_keys(
     "keys:\n  - {key: sk-a1, name: acme}\n  - {key: sk-a2, name: acme}\n  - {key: sk-x}\n", "k"
@@ -55,7 +55,7 @@ def test_the_file_alone_turns_auth_on_and_nothing_turns_it_off() -> None:
 def test_from_config_reads_the_key_variable_and_the_file(tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text("keys:\n  - {key: sk-b, name: beta}\n")
-    config = ServeConfig(api_keys_file=str(path), api_key_env="MY_KEY")
+    config = ServeConfig.from_flat(api_keys_file=str(path), api_key_env="MY_KEY")
     auth = TenantAuth.from_config(config, {"MY_KEY": "sk-env"})
     assert auth.tenant(_bearer("sk-b")) == "beta"
     assert auth.tenant(_bearer("sk-env")) == "default"

@@ -68,15 +68,15 @@ class TenantsApp(App):
 def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantsApp]:
     from ray import serve
 
-    from cluster.app import ingress_options, llm_server_options
+    from cluster.deploy.app import ingress_options, llm_server_options
     from cluster.grpc_api.ingress import GrpcSettings, bind_grpc_ingress
     from cluster.http.ingress import OpenAIIngress
     from cluster.replica.llm_server import LLMServer
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV
 
     keys = tmp_path_factory.mktemp("tenants") / "keys.yaml"
     keys.write_text(yaml.safe_dump(KEYS))
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         grpc_drain_s=TEST_GRPC_DRAIN_S,
         num_replicas=1,
         kv_cache_memory_bytes=1 << 22,
@@ -100,7 +100,9 @@ def app(serve_ports: ServePorts, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     serve.run(ingress, name="kvray-tenants", route_prefix="/tenants")
     base = f"http://127.0.0.1:{serve_ports.http}/tenants"
-    yield TenantsApp("kvray-tenants", base, config.model_name(), None, f"127.0.0.1:{grpc_port}")
+    yield TenantsApp(
+        "kvray-tenants", base, config.engine.model_name(), None, f"127.0.0.1:{grpc_port}"
+    )
     serve.delete("kvray-tenants")
 
 

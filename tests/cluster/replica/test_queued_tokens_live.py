@@ -4,7 +4,7 @@ max_queued_tokens: that one gets 429 + Retry-After naming the limit, while a sho
 fits is still taken, and everything queued completes once the slot frees. And priorities: the
 most urgent of the queued requests runs first.
 
-The engine sleeps before every step (workers/frontend/engine_process.py's test hook) and runs one
+The engine sleeps before every step (workers/core/engine_child.py's test hook) and runs one
 sequence at a time, so the queue stays put while the test looks at it: each step is waited
 for by the replica's stats, not by the clock.
 """
@@ -42,9 +42,9 @@ WAIT_S = 60.0  # hang guard of each wait for the replica's stats
 def queued_app(serve_ports: ServePorts) -> Iterator[App]:
     from ray import serve
 
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=1,
         kv_cache_memory_bytes=1 << 22,
         max_num_seqs=1,

@@ -2,7 +2,7 @@
 queue_timeout_s gets 503 + Retry-After in OpenAI's error format; a stream past
 request_timeout_s ends with a 504 error event and is aborted; every KV block comes back.
 
-The app's engine sleeps before every step (workers/frontend/engine_process.py's test hook), so a
+The app's engine sleeps before every step (workers/core/engine_child.py's test hook), so a
 long request surely outlasts both limits on any machine: the timing is made, not measured.
 """
 
@@ -32,9 +32,9 @@ def slow_app(serve_ports: ServePorts) -> Iterator[App]:
     """One replica running one sequence at a time, each step slowed by the test hook."""
     from ray import serve
 
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=1,
         kv_cache_memory_bytes=1 << 22,
         max_num_seqs=1,

@@ -17,6 +17,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID
 
 from cluster import ray_internals
 from cluster.messages import GenerateRequest
+from cluster.routing.kv_router import KvEventsRouter
 from cluster.routing.router import PrefixAffinityRouter
 from workers.inputs import InputChecker
 from workers.lora.request import LoRARequest
@@ -50,6 +51,13 @@ def replicas(n: int, **kwargs: Any) -> list[StubReplica]:
 def router(**kwargs: Any) -> PrefixAffinityRouter:
     """A PrefixAffinityRouter as Serve builds it, with request_router_kwargs `kwargs`."""
     r = ray_internals.standalone_router(PrefixAffinityRouter, "LLMServer", "kvray-test")
+    r.initialize_state(**{"block_size": BLOCK_SIZE, **kwargs})
+    return r
+
+
+def kv_router(**kwargs: Any) -> KvEventsRouter:
+    """A KvEventsRouter as Serve builds it, with request_router_kwargs `kwargs`."""
+    r = ray_internals.standalone_router(KvEventsRouter, "LLMServer", "kvray-test")
     r.initialize_state(**{"block_size": BLOCK_SIZE, **kwargs})
     return r
 

@@ -211,17 +211,17 @@ def test_lookup_cost_per_request() -> None:
 
 
 def test_kv_events_router_is_wired_from_the_config() -> None:
-    from cluster.app import llm_server_options
     from cluster.config import ServeConfig
+    from cluster.deploy.app import llm_server_options
     from cluster.routing.kv_router import KV_ROUTER_CLASS_PATH
 
-    config = ServeConfig(request_router="kv_events", device="cpu", block_size=32)
+    config = ServeConfig.from_flat(request_router="kv_events", device="cpu", block_size=32)
     router = llm_server_options(config)["request_router_config"]
     assert router.request_router_class == KV_ROUTER_CLASS_PATH
     assert router.request_router_kwargs == {"block_size": 32}
     # Engines record KV events only for the router that reads them.
     assert config.engine_kwargs("m")["kv_events"] is True
-    assert ServeConfig(device="cpu").engine_kwargs("m")["kv_events"] is False
+    assert ServeConfig.from_flat(device="cpu").engine_kwargs("m")["kv_events"] is False
 
 
 def test_router_hashes_adapter_prompts_as_the_engine_does() -> None:

@@ -29,7 +29,7 @@ def kv_app(serve_ports: ServePorts) -> Iterator[App]:
 
     from cluster.config import ServeConfig
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         request_router="kv_events",
         kv_cache_memory_bytes=KV_CACHE_BYTES,

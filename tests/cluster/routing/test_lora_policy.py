@@ -244,11 +244,11 @@ def lora_app(
 ) -> Iterator[App]:
     from ray import serve
 
-    from cluster.bench.random_lora import write_random_adapters
+    from cluster.bench.serve.random_lora import write_random_adapters
     from cluster.config import ServeConfig
 
     paths = write_random_adapters(demo_dir, tmp_path_factory.mktemp("adapters"), list(ADAPTERS), 4)
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=16,

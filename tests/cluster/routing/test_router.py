@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from cluster.routing.kv_router import prompt_block_hashes
 from cluster.routing.router import (
     RouterOptions,
     live_replicas,
@@ -21,6 +23,7 @@ from tests.cluster.routing.routing_kit import (
     BLOCK_SIZE,
     StubReplica,
     generate_request,
+    kv_router,
     pending,
     replicas,
     router,
@@ -165,6 +168,8 @@ def test_choose_replicas_keyed() -> None:
     # Saturated (its engine is queueing): the two least loaded others first, it last.
     next(c for c in reps if c.name == preferred).routing_stats["waiting"] = 1
     assert _choose(r, reps, request) == [others, [preferred]]
+    # A stats call keyed to it still reaches it: that is how a caller sees a busy replica.
+    assert _choose(r, reps, {"routing_key": "tenant-1"}) == [[preferred]]
     # A single saturated replica still gets the request.
     only = [StubReplica("solo", routing_stats={"waiting": 3})]
     assert _choose(r, only, request) == [["solo"]]
@@ -202,6 +207,30 @@ def test_dead_engines_get_no_requests_while_another_lives() -> None:
         rep.routing_stats = {"running": 0, "engine_alive": False}
     assert _choose(r, reps, generate_request(list(range(64)), routing_key=key))[0] == ["r0"]
     assert live_replicas(reps) == reps  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["prefix_affinity", "kv_events"])
+def test_a_replica_at_its_queue_cap_gets_nothing_while_another_has_room(kind: str) -> None:
+    """The stats (up to a period old) show no queue; this router's own in-flight counts, less
+    what the engines ran, show r0 at its cap of 8 waiting: it would answer 429."""
+    r = router() if kind == "prefix_affinity" else kv_router()
+    reps = replicas(2, max_ongoing_requests=256)
+    for rep in reps:
+        rep.routing_stats = {"running": 32, "queued": 0, "max_queued_requests": 8}
+    key = next(f"k{i}" for i in range(1000) if _preferred_name(f"k{i}", reps) == "r0")
+    keyed = generate_request(list(range(64)), routing_key=key)
+    held = generate_request(list(range(64)))
+    if kind == "kv_events":  # r0 was just sent its prefix: the cheaper one, but full
+        r.index.predict(
+            "r0", prompt_block_hashes(list(range(64)), BLOCK_SIZE, 256), time.monotonic()
+        )
+    r.replica_queue_len_cache.update(reps[0].replica_id, 40)  # 32 run, 8 wait: full
+    r.replica_queue_len_cache.update(reps[1].replica_id, 39)  # 7 wait: room for one
+    for request in (keyed, held, generate_request(list(range(10)))):
+        assert _choose(r, reps, request) == [["r1"]]
+    # Both at the cap: both stay candidates (Serve's queue holds the request, or r0 refuses).
+    r.replica_queue_len_cache.update(reps[1].replica_id, 40)
+    assert sorted(sum(_choose(r, reps, keyed), [])) == ["r0", "r1"]
 
 
 def test_routing_decision_labels() -> None:
@@ -245,7 +274,7 @@ def pow2_app(serve_ports: ServePorts) -> Iterator[App]:
 
     from cluster.config import ServeConfig
 
-    config = ServeConfig(
+    config = ServeConfig.from_flat(
         num_replicas=2,
         request_router="power_of_two",
         kv_cache_memory_bytes=KV_CACHE_BYTES,

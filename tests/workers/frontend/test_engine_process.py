@@ -121,7 +121,7 @@ def test_limits_come_from_the_child_after_it_sized_the_kv_cache(checkpoints) -> 
 
 
 def test_hung_step_fails_every_stream_and_kills_the_child(demo_dir, monkeypatch) -> None:
-    from workers.frontend.engine_process import TEST_STEP_SLEEP_ENV
+    from workers.core.engine_child import TEST_STEP_SLEEP_ENV
 
     monkeypatch.setenv(TEST_STEP_SLEEP_ENV, "60")  # test hook: every step in the child hangs
     eng = AsyncEngine(replace(_args(demo_dir), step_timeout_s=0.5), process=True)

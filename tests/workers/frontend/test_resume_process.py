@@ -16,9 +16,9 @@ from tests.workers.frontend.test_resume import PROMPT, _client_view
 from workers import AsyncEngine, SamplingParams
 from workers.config import EngineArgs
 from workers.errors import EngineDeadError
-from workers.frontend.core_messages import AddRequest
 from workers.frontend.resume import ResumeTracker
 from workers.inputs import InputChecker, ResumedSample
+from workers.messages.core import AddRequest
 from workers.outputs import RequestOutput
 
 

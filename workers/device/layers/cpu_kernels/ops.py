@@ -12,8 +12,8 @@ import ctypes
 import torch
 from torch.library import custom_op, register_fake
 
-from workers.device.layers.cpu_kernels import calls
-from workers.device.layers.cpu_kernels.routing import kernel_route
+from . import calls
+from .routing import kernel_route
 
 _LIBS: list[ctypes.CDLL] = []
 _HANDLES: dict[int, int] = {}  # id(library) -> handle (the libraries are kept alive)

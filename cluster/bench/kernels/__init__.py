@@ -1,0 +1,1 @@
+"""`kvray bench kernels` (main.py): the CPU kernels against torch's ops, per step size."""

@@ -1,0 +1,1 @@
+"""`kvray bench step` (main.py): one engine step's time, host ops and memory-bandwidth share."""

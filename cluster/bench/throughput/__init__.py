@@ -1,0 +1,1 @@
+"""`kvray bench throughput` (main.py): offline throughput of kvray against transformers."""

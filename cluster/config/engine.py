@@ -1,0 +1,182 @@
+"""The engine section: what each replica's engine serves and how (workers/config.py's
+EngineArgs). Fields marked `engine=True` are EngineArgs keywords of the same name, passed as
+they are (ServeConfig.engine_kwargs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.config.checks import (
+    is_int,
+    is_num,
+    need,
+    need_bools,
+    need_choice,
+    need_positive_ints,
+)
+from cluster.config.setting import MODEL_GROUP, declared, setting
+from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS
+from workers.config import (
+    ATTENTION_BACKENDS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GRAMMAR_CACHE_SIZE,
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_STEP_TIMEOUT_S,
+)
+
+DEMO_MODEL_NAME = "kvray-demo"
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The model and its engine, the same on every replica."""
+
+    model: str | None = setting(
+        None,
+        "Hugging Face checkpoint directory (default: the built-in demo model)",
+        MODEL_GROUP,
+        kind="path",
+    )
+    served_model_name: str | None = setting(
+        None, "model id clients send (default: the directory name)", MODEL_GROUP
+    )
+    tensor_parallel_size: int = setting(
+        1, "GPUs (or CPU ranks) per engine replica", MODEL_GROUP, aliases=("--tp",), engine=True
+    )
+    max_model_len: int | None = setting(
+        None, "context length (default: the checkpoint's)", MODEL_GROUP, engine=True
+    )
+    kv_cache_memory_bytes: int | None = setting(
+        None,
+        "KV cache size per replica, e.g. 2GiB (default: the engine's choice)",
+        MODEL_GROUP,
+        name="--kv-cache-memory",
+        kind="size",
+        engine=True,
+    )
+    max_num_seqs: int = setting(
+        DEFAULT_MAX_NUM_SEQS, "sequences per engine step", MODEL_GROUP, engine=True
+    )
+    max_num_batched_tokens: int | None = setting(
+        None, "token budget per engine step", MODEL_GROUP, engine=True
+    )
+    block_size: int = setting(
+        DEFAULT_BLOCK_SIZE,
+        "tokens per KV-cache block; the router hashes whole blocks of a prompt",
+        MODEL_GROUP,
+        engine=True,
+    )
+    enable_prefix_caching: bool = setting(
+        True, "disable the prefix cache", MODEL_GROUP, name="--no-prefix-caching", engine=True
+    )
+    # workers/device/compile.py; None leaves it to the engine (on only where measured to win).
+    compile: bool | None = setting(
+        None,
+        "torch.compile the model forward (CUDA: decode batches replay CUDA graphs, other steps "
+        f"run eagerly; CPU: steps of {CPU_COMPILED_MIN_TOKENS}+ tokens); default off: on CPU a "
+        "few per cent more throughput, on a GPU faster decode steps but not yet a faster run, "
+        "for seconds of start-up per engine",
+        MODEL_GROUP,
+        engine=True,
+    )
+    # "auto" reaches the engine as None: it picks (cuda if visible).
+    device: str = setting(
+        "auto", "auto: cuda when the cluster has GPUs", MODEL_GROUP, choices=DEVICES
+    )
+    attention_backend: str = setting(  # workers/device/attention_backend.py
+        "auto",
+        "auto: torch (triton: opt-in on CUDA)",
+        MODEL_GROUP,
+        choices=ATTENTION_BACKENDS,
+        engine=True,
+    )
+    # workers/core/engine.py: schedule step N+1 while step N runs (one rank only).
+    async_scheduling: bool = setting(
+        False,
+        "schedule and launch each engine step before the last one's tokens reach the host, so "
+        "the host's work overlaps the GPU's (tensor_parallel_size 1)",
+        MODEL_GROUP,
+        engine=True,
+    )
+    # Liveness: a replica whose engine has work and completes no step for this long fails its
+    # requests and its health check, and Serve replaces it.
+    step_timeout_s: float = setting(
+        DEFAULT_STEP_TIMEOUT_S,
+        "seconds an engine step may take before the replica counts as hung and is replaced",
+        MODEL_GROUP,
+        engine=True,
+    )
+    # Structured outputs: grammars compile off the engine's step loop, into a bounded cache.
+    grammar_timeout_s: float = setting(
+        DEFAULT_GRAMMAR_TIMEOUT_S,
+        "seconds a structured-output constraint may take to compile; longer: HTTP 400 / "
+        "INVALID_ARGUMENT naming structured_outputs",
+        MODEL_GROUP,
+        engine=True,
+    )
+    grammar_cache_size: int = setting(
+        DEFAULT_GRAMMAR_CACHE_SIZE,
+        "compiled constraints each engine keeps (LRU)",
+        MODEL_GROUP,
+        engine=True,
+    )
+    enable_expert_parallel: bool = setting(
+        False,
+        "mixture-of-experts models: give each tensor-parallel rank whole experts instead of a "
+        "slice of every expert",
+        MODEL_GROUP,
+        engine=True,
+    )
+
+    def __post_init__(self) -> None:
+        need_positive_ints(self, "tensor_parallel_size", "max_num_seqs", "block_size")
+        need_positive_ints(self, "grammar_cache_size")
+        for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 or null", v)
+        for name in ("grammar_timeout_s", "step_timeout_s"):
+            v = getattr(self, name)
+            need(is_num(v) and v > 0, name, "must be a number > 0", v)
+        need_bools(self, "enable_prefix_caching", "async_scheduling", "enable_expert_parallel")
+        need(
+            self.compile is None or isinstance(self.compile, bool),
+            "compile",
+            "must be a boolean",
+            self.compile,
+        )
+        need(
+            self.model is None or isinstance(self.model, str),
+            "model",
+            "must be a path string or null",
+            self.model,
+        )
+        need(
+            self.served_model_name is None
+            or (isinstance(self.served_model_name, str) and self.served_model_name != ""),
+            "served_model_name",
+            "must be a non-empty string or null",
+            self.served_model_name,
+        )
+        need_choice(self, "device", DEVICES)
+        need_choice(self, "attention_backend", ATTENTION_BACKENDS)
+        need(
+            not self.async_scheduling or self.tensor_parallel_size == 1,
+            "async_scheduling",
+            "needs tensor_parallel_size 1 (only rank 0 samples)",
+            self.async_scheduling,
+        )
+
+    def model_name(self) -> str:
+        """The id clients put in `model`: served_model_name, else the dir's basename."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model:
+            return Path(self.model.rstrip("/")).name or self.model
+        return DEMO_MODEL_NAME
+
+    def engine_args(self) -> dict[str, object]:
+        """The EngineArgs keywords declared `engine=True`, as they are."""
+        return {f.name: getattr(self, f.name) for f, s in declared(EngineSettings) if s.engine}

@@ -1,0 +1,34 @@
+"""The engine section: model names, and the settings it hands the engine as they are."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cluster.config import ServeConfig
+from cluster.config.engine import EngineSettings
+from cluster.config.setting import declared
+from workers.config import EngineArgs
+
+
+def test_model_name() -> None:
+    assert ServeConfig.from_flat(model="/ckpt/Qwen3-0.6B/").engine.model_name() == "Qwen3-0.6B"
+    assert (
+        ServeConfig.from_flat(model="/ckpt/x", served_model_name="prod").engine.model_name()
+        == "prod"
+    )
+
+
+def test_engine_settings_are_engine_args_of_the_same_name() -> None:
+    engine_args = {f.name for f in dataclasses.fields(EngineArgs)}
+    passed = EngineSettings().engine_args()
+    assert passed and set(passed) <= engine_args
+    # Every other setting of the section reaches the engine some other way (engine_kwargs).
+    others = {f.name for f, s in declared(EngineSettings) if not s.engine}
+    assert others == {"model", "served_model_name", "device"}
+
+
+def test_the_section_checks_itself() -> None:
+    with pytest.raises(ValueError, match=r"^async_scheduling needs tensor_parallel_size 1"):
+        EngineSettings(async_scheduling=True, tensor_parallel_size=2)

@@ -1,0 +1,76 @@
+"""What the engine sends the workers each step (a diff) and what comes back.
+
+Like vLLM v1's scheduler output: a sequence's full data goes to the workers once (when it
+is first scheduled, or again after preemption); afterwards a step carries only its id, the
+tokens appended since, the blocks added since and how many tokens to compute. The core
+builds the diff (`workers.core.step_diff`); the executor carries it, the workers apply it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workers.lora.request import LoRARequest
+from workers.sampling_params import SamplingParams
+
+
+@dataclass
+class NewSeq:
+    seq_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # prompt + outputs so far (outputs are non-empty after preemption)
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled: int
+    lora_slot: int = -1  # the adapter slot it runs under (-1: the base model)
+
+
+@dataclass
+class CachedSeq:
+    seq_id: str
+    new_token_ids: list[int]
+    new_block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled: int
+
+
+@dataclass
+class GrammarBitmask:
+    """The tokens each constrained sequence that samples this step may take: row i is
+    `seq_ids[i]`'s mask, bit t % 32 of int32 word t // 32 set when token t is allowed. Packed,
+    so it travels to the ranks in the step input for 1/32 of a bool mask's bytes."""
+
+    seq_ids: list[str]
+    bits: np.ndarray  # [len(seq_ids), ceil(vocab / 32)] int32
+
+
+@dataclass
+class StepInput:
+    new: list[NewSeq] = field(default_factory=list)
+    cached: list[CachedSeq] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # finished, aborted or preempted
+    grammar: GrammarBitmask | None = None  # constrained rows only; None when there are none
+    # Adapters to put into device slots before this step's forward (workers/lora/slots.py).
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
+    # Report the tokens per expert with this step whenever it was last reported (an idle
+    # engine's last counts: workers/core/expert_report.py).
+    report_experts: bool = False
+
+
+@dataclass
+class StepOutput:
+    seq_ids: list[str]  # sequences that got a token this step
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None] | None = None  # per sampled row, when asked
+    # SamplingParams.prompt_logprobs: seq_id -> (p, entries), entry j scoring the prompt
+    # token at position p + 1 + j (chunks of a prompt arrive over several steps).
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] | None = None
+    # SamplingParams.pooling: seq_id -> the pooled embedding, once its prompt is done.
+    embeddings: dict[str, list[float]] | None = None
+    lora_load_s: float = 0.0  # seconds this step spent loading adapters into slots
+    # Mixture-of-experts models, about once a second: the cumulative tokens routed to each
+    # expert, [sparse layer][expert] (EngineStats.moe_expert_tokens); None in other steps.
+    expert_tokens: tuple[tuple[int, ...], ...] | None = None

@@ -1,0 +1,105 @@
+/* A step's LoRA deltas for one projection on CPU, float32: for each row under an adapter,
+ * y[row] += B_s (A_s x[row]) with its own adapter s (workers/lora/layers.py holds the slots).
+ *
+ * Why: torch's ops compute the deltas of a batch of several adapters either masked (every row
+ * times every adapter's columns, then a mask: the arithmetic grows with the adapters in the
+ * batch, and a fused projection's block-diagonal B multiplies zeros too) or one adapter at a
+ * time (~6 ops each, gathers and copies of the rows). Here a row multiplies only its own
+ * adapter's A and each fused part's own block of B, with no gathers: one call per projection
+ * whatever the mix, and arithmetic proportional to the rows' own ranks.
+ *
+ * Layout (LoraSlots): a [slots, width, in] (each slot's parts' A stacked, ranks packed at the
+ * front), b_t [slots, width, out] (B transposed and pre-scaled, part p's columns at its own
+ * offset), ranks [slots, parts], out_sizes [parts]. `rows` are the step's rows under an
+ * adapter sorted by slot, `slots` theirs: runs of up to TILE rows of one slot share each A and
+ * B row while it is in cache. Each row's sums run in the same order whatever the batch, and
+ * each output row is written by one thread: results do not depend on the thread count.
+ *
+ * Plain loops with `omp simd`: the compiler vectorises them for whatever it targets.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#define TILE 4       /* rows of one slot per tile */
+#define MAX_RANK 512 /* a part's rank at most (the engine caps it far lower: max_lora_rank) */
+#define JBLOCK 256   /* output columns per block: y's block stays in L1 over the rank */
+
+/* Rows rows[0..n) (n <= TILE, one slot) against each part's A and B. Inlined with a constant
+ * n so that the n rows' sums share each load of A and B: shrink s[i][r] = x_i . A_r over the
+ * part's rank, then expand y_i[j] += sum_r s[i][r] B_r[j], each y element read and written
+ * once per part. */
+static inline __attribute__((always_inline)) void tile(
+    const float *restrict x, int64_t ldx, float *restrict y, int64_t ldy, const int64_t *rows,
+    const int64_t n, const float *a, const float *b_t, const int64_t *ranks,
+    const int64_t *out_sizes, int64_t parts, int64_t in, int64_t out) {
+    const float *xs[TILE];
+    float *ys[TILE];
+    for (int64_t i = 0; i < n; i++) {
+        xs[i] = x + rows[i] * ldx;
+        ys[i] = y + rows[i] * ldy;
+    }
+    float s[TILE][MAX_RANK];
+    int64_t col = 0, off = 0;
+    for (int64_t p = 0; p < parts; p++) {
+        const int64_t rank = ranks[p], size = out_sizes[p];
+        for (int64_t r = 0; r < rank; r++) {
+            const float *ar = a + (col + r) * in;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            for (int64_t k = 0; k < in; k++) {
+                const float w = ar[k];
+                s0 += xs[0][k] * w;
+                if (n > 1) s1 += xs[1][k] * w;
+                if (n > 2) s2 += xs[2][k] * w;
+                if (n > 3) s3 += xs[3][k] * w;
+            }
+            s[0][r] = s0, s[1][r] = s1, s[2][r] = s2, s[3][r] = s3;
+        }
+        const float *b = b_t + col * out + off;
+        for (int64_t j0 = 0; j0 < size; j0 += JBLOCK) {
+            const int64_t j1 = j0 + JBLOCK < size ? j0 + JBLOCK : size;
+            for (int64_t i = 0; i < n; i++) {
+                float *restrict yi = ys[i] + off;
+                for (int64_t r = 0; r < rank; r++) {
+                    const float sr = s[i][r], *restrict br = b + r * out;
+#pragma omp simd
+                    for (int64_t j = j0; j < j1; j++) yi[j] += sr * br[j];
+                }
+            }
+        }
+        col += rank;
+        off += size;
+    }
+}
+
+/* Returns 0, or -1 when out of memory (nothing written). */
+int lora_delta(const float *x, int64_t ldx, float *y, int64_t ldy, const int64_t *rows,
+               const int64_t *slots, int64_t num_rows, const float *a, const float *b_t,
+               const int64_t *ranks, const int64_t *out_sizes, int64_t parts, int64_t in,
+               int64_t out, int64_t width, int64_t threads) {
+    if (num_rows <= 0) return 0;
+    int64_t *starts = malloc((size_t)(num_rows + 1) * sizeof *starts);
+    if (!starts) return -1;
+    int64_t tiles = 0;
+    for (int64_t t = 0; t < num_rows;) {
+        int64_t e = t + 1;
+        while (e < num_rows && e - t < TILE && slots[e] == slots[t]) e++;
+        starts[tiles++] = t;
+        t = e;
+    }
+    starts[tiles] = num_rows;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1 && tiles > 1)
+    for (int64_t i = 0; i < tiles; i++) {
+        const int64_t t = starts[i], s = slots[t];
+        const float *as = a + s * width * in, *bs = b_t + s * width * out;
+        const int64_t *rk = ranks + s * parts, *r = rows + t;
+        switch (starts[i + 1] - t) {
+        case 1: tile(x, ldx, y, ldy, r, 1, as, bs, rk, out_sizes, parts, in, out); break;
+        case 2: tile(x, ldx, y, ldy, r, 2, as, bs, rk, out_sizes, parts, in, out); break;
+        case 3: tile(x, ldx, y, ldy, r, 3, as, bs, rk, out_sizes, parts, in, out); break;
+        default: tile(x, ldx, y, ldy, r, 4, as, bs, rk, out_sizes, parts, in, out); break;
+        }
+    }
+    free(starts);
+    return 0;
+}

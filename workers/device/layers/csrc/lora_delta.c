@@ -55,16 +55,28 @@ static inline __attribute__((always_inline)) void tile(
             }
             s[0][r] = s0, s[1][r] = s1, s[2][r] = s2, s[3][r] = s3;
         }
+        /* Expand, four ranks per pass and every row of the tile in the same loop: each load
+         * of B serves the n rows, each y element is loaded and stored once per pass. */
         const float *b = b_t + col * out + off;
-        for (int64_t j0 = 0; j0 < size; j0 += JBLOCK) {
-            const int64_t j1 = j0 + JBLOCK < size ? j0 + JBLOCK : size;
-            for (int64_t i = 0; i < n; i++) {
-                float *restrict yi = ys[i] + off;
-                for (int64_t r = 0; r < rank; r++) {
-                    const float sr = s[i][r], *restrict br = b + r * out;
+        float *restrict y0 = ys[0] + off, *restrict y1 = ys[n > 1 ? 1 : 0] + off,
+                        *restrict y2 = ys[n > 2 ? 2 : 0] + off,
+                        *restrict y3 = ys[n > 3 ? 3 : 0] + off;
+        for (int64_t r = 0; r < rank; r += 4) {
+            const int64_t m = rank - r < 4 ? rank - r : 4;
+            float c[TILE][4] = {{0}};
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t q = 0; q < m; q++) c[i][q] = s[i][r + q];
+            /* Past the part's rank (m < 4) the pass reads B's row r again, times zero. */
+            const float *b0 = b + r * out;
+            const float *b1 = m > 1 ? b0 + out : b0, *b2 = m > 2 ? b0 + 2 * out : b0,
+                        *b3 = m > 3 ? b0 + 3 * out : b0;
 #pragma omp simd
-                    for (int64_t j = j0; j < j1; j++) yi[j] += sr * br[j];
-                }
+            for (int64_t j = 0; j < size; j++) {
+                const float w0 = b0[j], w1 = b1[j], w2 = b2[j], w3 = b3[j];
+                y0[j] += c[0][0] * w0 + c[0][1] * w1 + c[0][2] * w2 + c[0][3] * w3;
+                if (n > 1) y1[j] += c[1][0] * w0 + c[1][1] * w1 + c[1][2] * w2 + c[1][3] * w3;
+                if (n > 2) y2[j] += c[2][0] * w0 + c[2][1] * w1 + c[2][2] * w2 + c[2][3] * w3;
+                if (n > 3) y3[j] += c[3][0] * w0 + c[3][1] * w1 + c[3][2] * w2 + c[3][3] * w3;
             }
         }
         col += rank;

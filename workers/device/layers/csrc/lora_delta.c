@@ -42,18 +42,22 @@ static inline __attribute__((always_inline)) void tile(
     int64_t col = 0, off = 0;
     for (int64_t p = 0; p < parts; p++) {
         const int64_t rank = ranks[p], size = out_sizes[p];
-        for (int64_t r = 0; r < rank; r++) {
-            const float *ar = a + (col + r) * in;
+        /* Shrink, two ranks per pass: each load of x serves both, each load of A the n rows,
+         * and the eight sums are independent chains of multiply-adds. */
+        for (int64_t r = 0; r < rank; r += 2) {
+            const float *a0 = a + (col + r) * in, *a1 = r + 1 < rank ? a0 + in : a0;
             float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, t0, t1, t2, t3)
             for (int64_t k = 0; k < in; k++) {
-                const float w = ar[k];
-                s0 += xs[0][k] * w;
-                if (n > 1) s1 += xs[1][k] * w;
-                if (n > 2) s2 += xs[2][k] * w;
-                if (n > 3) s3 += xs[3][k] * w;
+                const float w = a0[k], v = a1[k];
+                s0 += xs[0][k] * w, t0 += xs[0][k] * v;
+                if (n > 1) s1 += xs[1][k] * w, t1 += xs[1][k] * v;
+                if (n > 2) s2 += xs[2][k] * w, t2 += xs[2][k] * v;
+                if (n > 3) s3 += xs[3][k] * w, t3 += xs[3][k] * v;
             }
             s[0][r] = s0, s[1][r] = s1, s[2][r] = s2, s[3][r] = s3;
+            if (r + 1 < rank) s[0][r + 1] = t0, s[1][r + 1] = t1, s[2][r + 1] = t2, s[3][r + 1] = t3;
         }
         /* Expand, four ranks per pass and every row of the tile in the same loop: each load
          * of B serves the n rows, each y element is loaded and stored once per pass. */

@@ -38,6 +38,9 @@ import torch
 # (slot, width) of each adapter in a stacked A/B, in column order.
 Layout = tuple[tuple[int, int], ...]
 
+# The largest rank of a part csrc/lora_delta.c takes (its MAX_RANK): larger ones keep torch.
+LORA_KERNEL_MAX_RANK = 512
+
 # What running each adapter's rows on their own costs, in the multiply-adds the device does in
 # that time (`LoraSlots._segmented`): per adapter, the fixed cost of its ~6 ops; per row and
 # feature, gathering x and y and copying y back. CPU: fitted to timings of both paths on a
@@ -154,6 +157,7 @@ class LoraSlots:
         self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
         # B transposed ([width, out]): a slot's first `width` rows are one contiguous matrix.
         self.b_t = torch.zeros(num_slots, width, sum(out_sizes), dtype=dtype, device=device)
+        self.max_rank = max_rank
         self.widths = [0] * num_slots  # the columns of a/b a slot's adapter fills
         # Each slot's rank per part, and the parts' sizes: the C kernel's view of the layout.
         self.ranks = torch.zeros(num_slots, parts, dtype=torch.int64)
@@ -209,6 +213,8 @@ class LoraSlots:
         batch = self.batch
         rows, slots = batch.sorted_rows, batch.sorted_slots
         if rows is None or slots is None or x.dtype != torch.float32 or y.dtype != x.dtype:
+            return False
+        if self.a.dtype != x.dtype or self.max_rank > LORA_KERNEL_MAX_RANK:
             return False
         if x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1 or y.stride(1) != 1:
             return False

@@ -12,8 +12,8 @@
  * front), b_t [slots, width, out] (B transposed and pre-scaled, part p's columns at its own
  * offset), ranks [slots, parts], out_sizes [parts]. `rows` are the step's rows under an
  * adapter sorted by slot, `slots` theirs: runs of up to TILE rows of one slot share each A and
- * B row while it is in cache. Each row's sums run in the same order whatever the batch, and
- * each output row is written by one thread: results do not depend on the thread count.
+ * B row while it is in cache. The tiles do not depend on the thread count and each output row
+ * is written by one thread: neither do the results.
  *
  * Plain loops with `omp simd`: the compiler vectorises them for whatever it targets.
  */
@@ -21,8 +21,7 @@
 #include <stdlib.h>
 
 #define TILE 4       /* rows of one slot per tile */
-#define MAX_RANK 512 /* a part's rank at most (the engine caps it far lower: max_lora_rank) */
-#define JBLOCK 256   /* output columns per block: y's block stays in L1 over the rank */
+#define MAX_RANK 512 /* a part's rank at most (layers.py: LORA_KERNEL_MAX_RANK) */
 
 /* Rows rows[0..n) (n <= TILE, one slot) against each part's A and B. Inlined with a constant
  * n so that the n rows' sums share each load of A and B: shrink s[i][r] = x_i . A_r over the

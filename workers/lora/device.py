@@ -93,10 +93,16 @@ def _attach(
     kv_per = kvh * hd
     inter = c.intermediate_size // tp.size
     dtype, device = config.torch_dtype, next(model.parameters()).device
+    lib = None
+    if config.cpu_kernels and device.type == "cpu" and dtype == torch.float32:
+        from workers.device.layers.cpu_kernels import kernel
+
+        lib = kernel()  # None where it cannot be built: the torch paths serve
 
     def slots(linear: torch.nn.Module, in_features: int, out_sizes: list[int]) -> LoraSlots:
         n, rank = lora.max_loras, lora.max_lora_rank
         s = LoraSlots(batch, n, in_features, out_sizes, rank, dtype, device)
+        s.lib = lib
         linear.lora = s
         return s
 

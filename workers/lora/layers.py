@@ -18,7 +18,10 @@ under, in one of two ways (`LoraSlots.add_to` picks per projection and step, by 
   arithmetic, ~6 ops per adapter present: the cheaper way for large steps with several
   adapters (prefill chunks, wide models).
 Neither loops over requests: the batched idea of punica's segmented kernels, on torch's ops
-(CPU and CUDA alike).
+(CUDA, and CPU without the C kernels). On CPU in float32 with the C kernels a third way serves
+every step instead: csrc/lora_delta.c, one call per projection that multiplies each row by its
+own adapter's A and each fused part's own block of B (no waste, no gathers), over the rows
+under an adapter sorted by slot (`LoraBatch.set` sorts them once per step for every layer).
 
 Tensor parallelism: a column-parallel layer's B is sliced like its weight's rows (each rank
 its heads / its MLP columns, A whole); a row-parallel layer's A is sliced like its weight's
@@ -28,10 +31,15 @@ x_r @ A_r.T into x @ A.T exactly as it sums the base layer's partial products.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 # (slot, width) of each adapter in a stacked A/B, in column order.
 Layout = tuple[tuple[int, int], ...]
+
+# The largest rank of a part csrc/lora_delta.c takes (its MAX_RANK): larger ones keep torch.
+LORA_KERNEL_MAX_RANK = 512
 
 # What running each adapter's rows on their own costs, in the multiply-adds the device does in
 # that time (`LoraSlots._segmented`): per adapter, the fixed cost of its ~6 ops; per row and
@@ -77,6 +85,10 @@ class LoraBatch:
         self._masks: dict[Layout, torch.Tensor] = {}
         # Each slot's rows: a slice when they are one contiguous run, else their indices.
         self.rows_of: dict[int, slice | torch.Tensor] = {}
+        # The rows under an adapter sorted by slot, and their slots (int64, host memory): what
+        # the C kernel reads (csrc/lora_delta.c); built on CPU steps only.
+        self.sorted_rows: torch.Tensor | None = None
+        self.sorted_slots: torch.Tensor | None = None
         self.num_rows = 0
         self.device_kind = "cpu"  # set per step: which cost constants apply
 
@@ -102,9 +114,15 @@ class LoraBatch:
         self.num_rows = num_rows
         self.device_kind = "cuda" if device.type == "cuda" else "cpu"
         self.rows_of = _rows_by_slot(rows, device)
+        if device.type == "cpu":
+            under = torch.nonzero(row_slot >= 0).flatten()
+            order = torch.sort(row_slot[under], stable=True)
+            self.sorted_rows = under[order.indices].contiguous()
+            self.sorted_slots = order.values.to(torch.int64).contiguous()
 
     def clear(self) -> None:
         self.slots, self._row_slot, self._masks, self.rows_of = (), None, {}, {}
+        self.sorted_rows = self.sorted_slots = None
 
     def mask(self, layout: Layout) -> torch.Tensor:
         """[T, columns] 1 where the column belongs to the row's adapter (shared by every layer
@@ -139,7 +157,14 @@ class LoraSlots:
         self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
         # B transposed ([width, out]): a slot's first `width` rows are one contiguous matrix.
         self.b_t = torch.zeros(num_slots, width, sum(out_sizes), dtype=dtype, device=device)
+        self.max_rank = max_rank
         self.widths = [0] * num_slots  # the columns of a/b a slot's adapter fills
+        # Each slot's rank per part, and the parts' sizes: the C kernel's view of the layout.
+        self.ranks = torch.zeros(num_slots, parts, dtype=torch.int64)
+        self._out_sizes = torch.tensor(out_sizes, dtype=torch.int64)
+        # The CPU kernel library (workers/lora/device.py sets it on CPU float32 engines with
+        # the kernels on): every step's deltas then run csrc/lora_delta.c.
+        self.lib: ctypes.CDLL | None = None
         # The A and B of the adapters of the latest slot set, stacked (rebuilt when the set
         # changes or a slot is written): (slots, layout, A_cat [cols, in], B_cat [cols, out]).
         self._stacked: tuple[tuple[int, ...], Layout, torch.Tensor, torch.Tensor] | None = None
@@ -160,6 +185,7 @@ class LoraSlots:
             col += rank
             row += size
         self.widths[slot] = width
+        self.ranks[slot] = torch.tensor(ranks, dtype=torch.int64)
         self._stacked = None
 
     def _stack(self, slots: tuple[int, ...]) -> tuple[Layout, torch.Tensor, torch.Tensor]:
@@ -172,12 +198,47 @@ class LoraSlots:
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + the step's deltas: x [T, in], y [T, out] (the base layer's output)."""
+        if self.lib is not None and self._kernel(x, y):
+            return y
         layout, a, b_t = self._stack(self.batch.slots)
         if not layout:
             return y
         if self._segmented(layout, a.shape[1], b_t.shape[1]):
             return self._add_per_adapter(x, y, layout)
         return y.add_((x @ a.T).mul_(self.batch.mask(layout)) @ b_t)
+
+    def _kernel(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Adds the deltas with csrc/lora_delta.c; False (nothing done) where it does not
+        apply: tensors off the host, not float32, or rows not dense."""
+        batch = self.batch
+        rows, slots = batch.sorted_rows, batch.sorted_slots
+        if rows is None or slots is None or x.dtype != torch.float32 or y.dtype != x.dtype:
+            return False
+        if self.a.dtype != x.dtype or self.max_rank > LORA_KERNEL_MAX_RANK:
+            return False
+        if x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1 or y.stride(1) != 1:
+            return False
+        status = self.lib.lora_delta(
+            x.data_ptr(),
+            x.stride(0),
+            y.data_ptr(),
+            y.stride(0),
+            rows.data_ptr(),
+            slots.data_ptr(),
+            rows.numel(),
+            self.a.data_ptr(),
+            self.b_t.data_ptr(),
+            self.ranks.data_ptr(),
+            self._out_sizes.data_ptr(),
+            len(self.out_sizes),
+            self.a.shape[2],
+            self.b_t.shape[2],
+            self.a.shape[1],
+            max(1, torch.get_num_threads()),
+        )
+        if status != 0:
+            raise MemoryError("lora_delta: out of memory")
+        return True
 
     def _segmented(self, layout: Layout, n_in: int, n_out: int) -> bool:
         """Whether each adapter's rows should run on their own: when the masked path's wasted

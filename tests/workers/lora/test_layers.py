@@ -1,11 +1,13 @@
 """A projection's adapter deltas (workers/lora/layers.py) against a row-by-row reference,
-through both ways of computing them (masked, per adapter) and the rule between them."""
+through the three ways of computing them (masked, per adapter, the CPU kernel) and the rule
+between the first two; the kernel's work does not grow with the adapters in a batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from workers.device.layers.cpu_kernels import kernel
 from workers.lora import layers
 from workers.lora.layers import LoraBatch, LoraSlots
 
@@ -48,14 +50,24 @@ def _reference(x: torch.Tensor, row_slot: list[int], written: dict) -> torch.Ten
     return out
 
 
-@pytest.mark.parametrize("path", ["masked", "per_adapter", "chosen"])
+def _lib():
+    lib = kernel()
+    if lib is None:
+        pytest.skip("no C compiler: the CPU kernels are not built")
+    return lib
+
+
+@pytest.mark.parametrize("path", ["masked", "per_adapter", "chosen", "kernel"])
 def test_deltas_match_a_row_by_row_reference(path: str, monkeypatch) -> None:
     batch, s, written = _slots({0: [4, 4, 4], 2: [8, None, 2], 3: [1, 1, 1]})
-    # Rows: base, slot 2, slot 0 (two runs: a gather), slot 3, base, slot 0.
-    row_slot = [-1, 2, 2, 0, 0, 3, -1, 0]
-    seqs = [(2, 1, 2), (0, 3, 2), (3, 5, 1), (0, 7, 1)]
+    # Rows: base, slot 2, slot 0 (two runs: a gather), slot 3, base, slot 0, then slot 3's
+    # prefill of 6 rows (more than the kernel's tile of 4 rows).
+    row_slot = [-1, 2, 2, 0, 0, 3, -1, 0, 3, 3, 3, 3, 3, 3]
+    seqs = [(2, 1, 2), (0, 3, 2), (3, 5, 1), (0, 7, 1), (3, 8, 6)]
     batch.set(seqs, len(row_slot), CPU, torch.float32)
-    if path == "masked":
+    if path == "kernel":
+        s.lib = _lib()
+    elif path == "masked":
         monkeypatch.setattr(s, "_segmented", lambda *a: False)
     elif path == "per_adapter":
         monkeypatch.setattr(s, "_segmented", lambda *a: True)
@@ -76,3 +88,24 @@ def test_the_rule_keeps_small_steps_masked_and_goes_per_adapter_for_large_ones(m
     assert s._segmented(s._stack(batch.slots)[0], HIDDEN, sum(OUTS))
     batch.set([(1, 0, 2048)], 2048, CPU, torch.float32)  # one adapter: nothing is wasted
     assert not s._segmented(s._stack(batch.slots)[0], HIDDEN, sum(OUTS))
+
+
+def _ops_of_add_to(num_adapters: int) -> list[str]:
+    """The torch ops one projection's `add_to` runs, the kernel serving, for a decode step of
+    16 rows spread over `num_adapters` adapters."""
+    batch, s, _ = _slots({slot: [4, 4, 4] for slot in range(num_adapters)})
+    s.lib = _lib()
+    batch.set([(i % num_adapters, i, 1) for i in range(16)], 16, CPU, torch.float32)
+    x, y = torch.randn(16, HIDDEN), torch.zeros(16, sum(OUTS))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        s.add_to(x, y)
+    assert y.abs().sum() > 0  # the deltas were added
+    return [e.name for e in prof.events()]
+
+
+def test_the_kernel_runs_one_call_whatever_the_adapters() -> None:
+    """A regression to torch's ops shows as matmuls, gathers and masks, whose number or size
+    grows with the adapters in the batch: with the kernel there are none."""
+    for n in (1, 4):
+        ops = _ops_of_add_to(n)
+        assert not [op for op in ops if op.startswith("aten::")], (n, ops)

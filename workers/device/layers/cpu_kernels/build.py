@@ -76,6 +76,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "silu_and_mul": (None, [_P] * 2 + [_I] * 2),
     "kvray_vector_bytes": (ctypes.c_int, []),
     "rotary": (None, [_P] + [_I] * 3 + [_P] + [_I] * 5 + [_P] * 3),
+    "lora_delta": (ctypes.c_int, [_P, _I, _P, _I, _P, _P, _I] + [_P] * 4 + [_I] * 5),
 }
 
 

@@ -7,24 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from cluster.coalesce import coalesced
-from workers.outputs import CompletionOutput, RequestOutput
-
-
-def _out(step: int, total: int, n: int = 2) -> RequestOutput:
-    done = step == total - 1
-    outs = [
-        CompletionOutput(
-            index=i,
-            text="".join(f"t{k}" for k in range(step + 1)),
-            token_ids=list(range(step + 1)),
-            finish_reason="length" if done else None,
-            delta_text=f"t{step}",
-            delta_token_ids=[step],
-            delta_logprobs=[{step: -1.0}],
-        )
-        for i in range(n)
-    ]
-    return RequestOutput("r", None, [1, 2], outs, finished=done)
+from tests.workers.test_outputs import step_output as _out
+from workers.outputs import RequestOutput
 
 
 async def _source(

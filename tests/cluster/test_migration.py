@@ -243,9 +243,37 @@ def _until_the_ingress_routes_to_both(app: App) -> None:
             i += 1
 
 
+def test_tp_rank_killed(
+    serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
+) -> None:
+    from ray import serve
+
+    config = _config(tensor_parallel_size=2)
+    app = deploy("migration-tp", "/migration-tp", config, serve_ports, None)
+    try:
+        load = start_load(app, serve_ports.grpc, requests)
+        wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
+        ranks = _rank_pids()
+        assert len(ranks) == 4, ranks  # 2 replicas x 2 ranks
+        kill_pid(ranks[-1])
+        results = load.wait()
+        assert failures(results, expected) == []
+        stats = wait_until_idle(app, 1)
+        assert all(s["kv_blocks_used"] == 0 for s in stats.values()), stats
+    finally:
+        serve.delete(app.name)
+
+
+def _rank_pids() -> list[int]:
+    """Processes of TP rank actors (Ray titles them `ray::RankWorker...`)."""
+    return sorted(pids_matching(lambda cmd: cmd.startswith(b"ray::RankWorker")))
+
+
 @pytest.fixture(scope="module")
 def small_app(serve_ports: ServePorts) -> Iterator[App]:
-    """Two replicas that run one sequence each and queue SMALL_QUEUE more; one migration."""
+    """Two replicas that run one sequence each and queue SMALL_QUEUE more; one migration.
+    Its tests come after the TP test: while this app and the shared one are up, a TP = 2
+    app's ranks find no CPU on a 2-core machine and its deploy waits for ever."""
     from ray import serve
 
     config = _config(max_migrations=1, max_num_seqs=1, max_queued_requests=SMALL_QUEUE)
@@ -316,29 +344,3 @@ def _post_soon(http: httpx.Client, url: str, body: dict) -> Callable[[], httpx.R
     fut = pool.submit(http.post, url, json=body)
     pool.shutdown(wait=False)
     return lambda: fut.result(timeout=240)
-
-
-def test_tp_rank_killed(
-    serve_ports: ServePorts, requests: list[LoadRequest], expected: list[str]
-) -> None:
-    from ray import serve
-
-    config = _config(tensor_parallel_size=2)
-    app = deploy("migration-tp", "/migration-tp", config, serve_ports, None)
-    try:
-        load = start_load(app, serve_ports.grpc, requests)
-        wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
-        ranks = _rank_pids()
-        assert len(ranks) == 4, ranks  # 2 replicas x 2 ranks
-        kill_pid(ranks[-1])
-        results = load.wait()
-        assert failures(results, expected) == []
-        stats = wait_until_idle(app, 1)
-        assert all(s["kv_blocks_used"] == 0 for s in stats.values()), stats
-    finally:
-        serve.delete(app.name)
-
-
-def _rank_pids() -> list[int]:
-    """Processes of TP rank actors (Ray titles them `ray::RankWorker...`)."""
-    return sorted(pids_matching(lambda cmd: cmd.startswith(b"ray::RankWorker")))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from workers.outputs import CompletionOutput, RequestOutput, merge_outputs
 
 
-def _out(step: int, total: int, n: int = 2) -> RequestOutput:
+def step_output(step: int, total: int, n: int = 2) -> RequestOutput:
+    """Step `step` of a `total`-step stream of n samples, each adding token `step` (tN text)."""
     done = step == total - 1
     outs = [
         CompletionOutput(
@@ -24,7 +25,7 @@ def _out(step: int, total: int, n: int = 2) -> RequestOutput:
 
 
 def test_merge_concatenates_deltas_and_keeps_the_latest_state() -> None:
-    merged = merge_outputs([_out(0, 3), _out(1, 3), _out(2, 3)])
+    merged = merge_outputs([step_output(0, 3), step_output(1, 3), step_output(2, 3)])
     assert merged.finished
     for c in merged.outputs:
         assert c.delta_text == "t0t1t2" and c.delta_token_ids == [0, 1, 2]
@@ -58,7 +59,7 @@ def test_merge_of_delta_outputs_keeps_a_finish_reported_once() -> None:
 
 
 def test_merge_keeps_prompt_logprobs_sent_with_an_earlier_output() -> None:
-    first, second = _out(0, 3), _out(1, 3)
+    first, second = step_output(0, 3), step_output(1, 3)
     first.prompt_logprobs = [None, {2: -0.5}]
     assert merge_outputs([first, second]).prompt_logprobs == [None, {2: -0.5}]
-    assert merge_outputs([_out(0, 3), _out(1, 3)]).prompt_logprobs is None
+    assert merge_outputs([step_output(0, 3), step_output(1, 3)]).prompt_logprobs is None

@@ -6,7 +6,6 @@ after the other gRPC modules, and they must stay last in it.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import grpc
@@ -104,7 +103,7 @@ def test_no_engine_replica_is_unavailable(cluster: Cluster) -> None:
     from ray import serve
 
     # A request waits up to queue_timeout_s for a replica that can take it: a short one here.
-    config = dataclasses.replace(cluster.config, queue_timeout_s=3.0)
+    config = cluster.config.replace(queue_timeout_s=3.0)
     port = _extra_ingress(cluster, "grpc-orphan", config)
     serve.delete("kvray")  # the LLMServer deployment is gone for good
     with KvrayClient(f"127.0.0.1:{port}", API_KEY, timeout=120) as c:

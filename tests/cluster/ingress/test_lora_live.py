@@ -173,7 +173,7 @@ def test_requests_run_under_the_adapter_they_name(
     assert chat.model == "b"
     stream = client.completions.create(model="a", prompt=PROMPT, stream=True, **GREEDY)
     chunks = list(stream)
-    assert {c.engine.model for c in chunks} == {"a"}
+    assert {c.model for c in chunks} == {"a"}
     assert "".join(c.choices[0].text for c in chunks if c.choices) == a.choices[0].text
     assert client.responses.create(model="b", input="Hi", max_output_tokens=4).model == "b"
     embedding = client.embeddings.create(model="a", input=PROMPT, encoding_format="float")

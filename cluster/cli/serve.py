@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 import uuid
-from types import FrameType
 
 from cluster.cli.config import APP_NAME, http_options
 from cluster.cli.console import (
@@ -47,6 +45,7 @@ from cluster.cli.ports import (
     serve_haproxies,
     stop_processes,
 )
+from cluster.cli.stop_signals import StartInterrupted, StopSignals, deploy
 from cluster.config import ServeConfig
 from cluster.deploy.serve_env import SERVE_ENV, apply_serve_env
 from cluster.tracing import exporter_missing
@@ -55,6 +54,9 @@ logger = logging.getLogger("kvray.serve")
 
 # How long shutting down waits for the ingress to turn draining before deleting the app.
 DRAIN_NOTICE_TIMEOUT_S = 10.0
+# Stopping an application interrupted while it deployed: its replicas serve nothing, but one
+# still in its constructor stops only when Serve kills it (graceful_shutdown_timeout_s).
+START_ABORT_TIMEOUT_S = 90.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,13 +113,14 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"kvray serve: {problem}", file=sys.stderr)
             return 1
-    # SIGTERM while starting is Ctrl-C while starting (Ray's own handler would exit at once).
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # From here on a signal is only recorded; each step checks it (cluster/cli/stop_signals.py).
+    signals = StopSignals()
+    signals.install()
     # This process's deployments keep one code version, so the drain notice reconfigures them.
     code_version = uuid.uuid4().hex
     try:
-        start(config, args, api_key, code_version)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while Ray starts or the application deploys
+        start(config, args, api_key, code_version, signals)
+    except StartInterrupted:  # Ctrl-C or SIGTERM while Ray starts or the application deploys
         logger.info("interrupted while starting: stopping")
         shutdown(args.address, drain_timeout_s=0.0)
         return 130
@@ -125,10 +128,9 @@ def run(args: argparse.Namespace) -> int:
         logger.error("could not start kvray: %s", err)
         shutdown(args.address, drain_timeout_s=0.0)
         return 1
-    stop = _install_signal_handlers()
     auth = api_key is not None or config.tenants.api_keys_file is not None
     print(banner(config, args, auth, ray_logs_dir()), flush=True)
-    while not stop.wait(1.0):
+    while not signals.wait(1.0):
         pass
     logger.info(
         "signal received: refusing new requests, in-flight ones get up to %.0f s to finish",
@@ -162,13 +164,17 @@ def _env_port(key: str) -> int:
 
 
 def start(
-    config: ServeConfig, args: argparse.Namespace, api_key: str | None, code_version: str
+    config: ServeConfig,
+    args: argparse.Namespace,
+    api_key: str | None,
+    code_version: str,
+    signals: StopSignals,
 ) -> None:
     import ray
     from ray import serve
 
     from cluster.deploy.app import build_run_app
-    from cluster.deploy.liveness import run_liveness_app
+    from cluster.deploy.liveness import liveness_target
 
     levels = console_logging(args.log_level)
     runtime_env = {}
@@ -186,7 +192,7 @@ def start(
         ray.init(
             address=args.address, runtime_env=runtime_env or None, logging_level=levels.ray_driver
         )
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
+        signals.install()  # ray.init installed its own SIGTERM handler
     else:
         # Each engine replica reserves one CPU per TP rank; a small machine still runs them.
         replicas = (
@@ -208,7 +214,8 @@ def start(
             logging_level=levels.ray_driver,
             _metrics_export_port=args.metrics_port,
         )
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
+        signals.install()  # ray.init installed its own SIGTERM handler
+    signals.check()
     _quiet_ray(levels, joined=bool(args.address))
     if not args.address and config.engine.model is None:
         from workers.demo import demo_model_dir
@@ -232,10 +239,11 @@ def start(
         config.engine.tensor_parallel_size,
         config.replicas.request_router,
     )
+    signals.check()
     t0 = time.monotonic()
-    serve.run(build_run_app(config, code_version), name=APP_NAME, route_prefix="/")
+    app = serve.RunTarget(build_run_app(config, code_version), name=APP_NAME, route_prefix="/")
     # GET /health from its own replica, so the liveness probe answers under any load.
-    run_liveness_app(APP_NAME, "/")
+    deploy([app, liveness_target(APP_NAME, "/")], signals)
     logger.info("application ready in %.1f s", time.monotonic() - t0)
 
 
@@ -287,24 +295,6 @@ def _replica_text(config: ServeConfig) -> str:
     )
 
 
-def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def _install_signal_handlers() -> threading.Event:
-    stop = threading.Event()
-
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            logger.warning("second signal: exiting now")
-            os._exit(128 + signum)
-        stop.set()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
-    return stop
-
-
 def shutdown(address: str | None, drain_timeout_s: float) -> None:
     import ray
     from ray import serve
@@ -320,7 +310,7 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
             if drain_timeout_s > 0:
                 _drain(drain_timeout_s)  # Serve finishes deleting it if this times out
             else:
-                serve.delete(APP_NAME)
+                _drain(START_ABORT_TIMEOUT_S)  # a replica still loading stops when Serve kills it
             serve.delete(liveness_app_name(APP_NAME))
             delete_registry(APP_NAME)  # its runtime LoRA adapters (a detached actor)
         elif drain_timeout_s <= 0 or _drain(drain_timeout_s):

@@ -90,10 +90,15 @@ def liveness_app_spec(app_name: str, route_prefix: str) -> dict[str, Any]:
     }
 
 
-def run_liveness_app(app_name: str, route_prefix: str) -> None:
-    """Deploys it next to a running kvray application (`serve.run`, blocking until up)."""
-    serve.run(
+def liveness_target(app_name: str, route_prefix: str) -> serve.RunTarget:
+    """It as a `serve.run_many` target, deployed next to the kvray application."""
+    return serve.RunTarget(
         build_liveness_app(),
         name=liveness_app_name(app_name),
         route_prefix=liveness_route(route_prefix),
     )
+
+
+def run_liveness_app(app_name: str, route_prefix: str) -> None:
+    """Deploys it next to a running kvray application (blocking until up)."""
+    serve.run_many([liveness_target(app_name, route_prefix)])

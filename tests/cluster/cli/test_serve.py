@@ -25,6 +25,7 @@ import pytest
 from cluster.cli import serve as serve_cmd
 from cluster.cli.flags import config_from_flags
 from cluster.cli.ports import port_in_use, serve_haproxies
+from cluster.deploy.liveness import liveness_app_name
 from cluster.deploy.serve_env import LOCAL_PORT_KEYS
 from tests.cluster.serve_helpers import KV_CACHE_BYTES, TEST_GRPC_DRAIN_S, ServePorts, free_port
 
@@ -106,6 +107,7 @@ class ServeProcess:
             import ray
 
             where = ["--address", ray.get_runtime_context().gcs_address]
+        self._joined = not local
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -141,6 +143,12 @@ class ServeProcess:
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:  # a failed test: leave no Ray instance behind
             _kill([*self.descendants(), psutil.Process(self.proc.pid)])
+        if self._joined:  # nor its apps on the shared cluster (its gRPC port is the shared app's)
+            from ray import serve
+
+            for name in (serve_cmd.APP_NAME, liveness_app_name(serve_cmd.APP_NAME)):
+                if name in serve.status().applications:
+                    serve.delete(name)
 
     def descendants(self) -> list[psutil.Process]:
         """Every process it started (Ray's, replicas, engines, HAProxy), while it runs."""

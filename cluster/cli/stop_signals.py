@@ -1,0 +1,77 @@
+"""Ctrl-C and SIGTERM for `kvray serve`, from its first step to its last.
+
+The handler only records the signal; the command checks it between steps. An exception
+raised from a handler lands wherever the main thread happens to be, inside Ray's client
+code too, where it can leave a lock taken or a call half made, and the clean-up that
+follows then hangs. A second signal exits at once: the user asked twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+# How often a wait (the deploy, the serving loop) looks at the signal and at Serve.
+POLL_S = 0.5
+
+
+class StartInterrupted(Exception):
+    """A signal arrived while Ray started or the application deployed."""
+
+
+class StopSignals:
+    """Records SIGINT/SIGTERM in an Event; `install` again after something (ray.init)
+    replaced the handlers."""
+
+    def __init__(self) -> None:
+        self.received = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def check(self) -> None:
+        """Raises StartInterrupted once a signal has arrived."""
+        if self.received.is_set():
+            raise StartInterrupted
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether a signal arrived within timeout_s (woken by it at once)."""
+        return self.received.wait(timeout_s)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        # No logging here: the main thread may hold the logging lock the handler would need.
+        if self.received.is_set():
+            os._exit(128 + signum)
+        self.received.set()
+
+
+def deploy(targets: Sequence[Any], signals: StopSignals) -> None:
+    """Deploys Serve applications (`ray.serve.RunTarget`s) and waits until every one is
+    RUNNING, checking for a signal meanwhile; RuntimeError if one fails to deploy."""
+    from ray import serve
+    from ray.serve.schema import ApplicationStatus
+
+    serve.run_many(
+        targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False
+    )
+    names = {t.name for t in targets}
+    seen: set[str] = set()
+    while True:
+        signals.check()
+        apps = {n: a for n, a in serve.status().applications.items() if n in names}
+        gone = seen - apps.keys()  # deleted by someone else while it deployed
+        if gone:
+            raise RuntimeError(f"application {sorted(gone)[0]} was deleted while it deployed")
+        seen |= apps.keys()
+        for name, app in apps.items():
+            if app.status == ApplicationStatus.DEPLOY_FAILED:
+                raise RuntimeError(f"deploying application {name} failed: {app.message}")
+        if seen == names and all(a.status == ApplicationStatus.RUNNING for a in apps.values()):
+            return
+        time.sleep(POLL_S)

@@ -37,11 +37,16 @@ format: install
 
 # One torch thread per process: tests start Ray actors and servers beside the test process
 # on small machines, where OpenMP spin-waiting across processes costs more than it gains.
-# One pytest run: every test that needs Ray shares the session's one Ray and Serve instance
-# (tests/conftest.py owns it and orders the modules that need it).
+# Two pytest runs (tests/conftest.py, --part): the tests that need no shared Ray on
+# TEST_WORKERS xdist workers, then every test that needs Ray in one process, sharing the
+# session's one Ray and Serve instance. Both always run; either failing fails the target.
+TEST_WORKERS ?= 2
 test: install lint
 	bash monitoring/install_prometheus.sh
-	$(PYTEST) tests
+	status=0; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --part local tests || status=1; \
+	$(PYTEST) --part ray tests || status=1; \
+	exit $$status
 
 bench: install
 	$(VENV)/bin/kvray bench throughput --compare

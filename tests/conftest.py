@@ -7,6 +7,10 @@ it before its processes exist (the API key replicas read from their environment,
 Serve settings, a free metrics export port publishing every second); `serve_ports` starts
 Serve on it once. Every Ray test uses these; none calls `ray.init` or `serve.start`.
 
+`make test` runs the suite in two parts (`--part`): first every test that needs no shared
+Ray, on two xdist workers (those that start a Ray of their own, OWN_RAY, one after another
+on one of them); then every test that shares it, in one process.
+
 A few modules need something of the shared instance that others would spoil, so the
 collection hook below runs them first, in this order, after every test that needs no Ray
 (those then run without idle Ray processes beside them):
@@ -47,27 +51,66 @@ RAY_FIRST = (
     "tests/cluster/grpc_api/test_grpc_lifecycle.py",
     "tests/workers/test_tensor_parallel.py",
 )
+# Tests that start a Ray instance of their own (`kvray serve`, `kvray run-batch`, `ray start`),
+# whole modules or single tests: they run in the local part, one after another on one xdist
+# worker (a local instance binds Serve's fixed HAProxy ports), beside the tests without Ray.
+OWN_RAY = (
+    "tests/cluster/cli/test_serve_tls.py",
+    "tests/cluster/test_migration_multinode.py",
+    "tests/cluster/cli/test_serve.py::"
+    "test_after_rays_processes_are_killed_the_next_serve_starts_and_drains_on_sigterm",
+    "tests/cluster/cli/test_run_batch.py::"
+    "test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running",
+)
+OWN_RAY_GROUP = "own-ray"  # the xdist group (`--dist loadgroup`) they share
+PARTS = ("all", "local", "ray")
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.
 METRICS_REPORT_INTERVAL_MS = 1000
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--part",
+        choices=PARTS,
+        default="all",
+        help="local: only the tests that start no Ray (they may run in parallel, `-n 2`); "
+        "ray: only the others (one process: they share one Ray instance); all: both",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests without Ray first, then the Ray modules of RAY_FIRST, then the other Ray modules.
+    """Tests without the session's Ray first, then the Ray modules of RAY_FIRST, then the
+    other Ray modules; `--part local` keeps the first group, `--part ray` the others.
 
     A module moves as a whole (its tests keep their order and share its fixtures); a module
-    counts as a Ray module when any of its tests uses `ray_session`, directly or not.
+    counts as a Ray module when any of its tests uses `ray_session`, directly or not. The
+    OWN_RAY tests count as tests without it.
     """
     ray_modules = {
-        _relpath(item) for item in items if "ray_session" in getattr(item, "fixturenames", ())
+        _relpath(item)
+        for item in items
+        if "ray_session" in getattr(item, "fixturenames", ()) and not _own_ray(item)
     }
 
     def rank(item: pytest.Item) -> int:
         path = _relpath(item)
-        if path not in ray_modules:
+        if path not in ray_modules or _own_ray(item):
             return 0
         return 1 + (RAY_FIRST.index(path) if path in RAY_FIRST else len(RAY_FIRST))
 
+    for item in items:
+        if _own_ray(item):
+            item.add_marker(pytest.mark.xdist_group(OWN_RAY_GROUP))
+    part = config.getoption("part")
+    if part != "all":
+        keep = [item for item in items if (rank(item) > 0) == (part == "ray")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
     items.sort(key=rank)  # stable: the collection order within each rank
+
+
+def _own_ray(item: pytest.Item) -> bool:
+    return any(item.nodeid == t or item.nodeid.startswith(f"{t}::") for t in OWN_RAY)
 
 
 def _relpath(item: pytest.Item) -> str:

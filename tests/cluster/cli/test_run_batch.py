@@ -168,11 +168,9 @@ def test_locally_enough_requests_fill_every_replicas_sequences() -> None:
 
 
 @pytest.mark.slow
-def test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running(
-    kvray_app: App, tmp_path: Path
-) -> None:
-    """Its own Ray instance beside the session's (ports of its own, as `kvray serve` would
-    choose them); `kvray_app` only orders this after the cheaper tests of the module."""
+def test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """Its own Ray instance (ports of its own, as `kvray serve` would choose them), beside
+    the session's one when the whole suite runs in one process."""
     src = tmp_path / "in.jsonl"
     src.write_text(
         _line("a", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4})

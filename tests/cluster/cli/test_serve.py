@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -25,9 +24,9 @@ import pytest
 from cluster.cli import serve as serve_cmd
 from cluster.cli.flags import config_from_flags
 from cluster.cli.ports import port_in_use, serve_haproxies
-from cluster.deploy.liveness import liveness_app_name
 from cluster.deploy.serve_env import LOCAL_PORT_KEYS
-from tests.cluster.serve_helpers import KV_CACHE_BYTES, TEST_GRPC_DRAIN_S, ServePorts, free_port
+from tests.cluster.cli.serve_process import ServeProcess, kill
+from tests.cluster.serve_helpers import ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -89,93 +88,6 @@ def test_banner_has_urls_and_a_curl_example() -> None:
     assert "Authorization: Bearer $KVRAY_API_KEY" in text
 
 
-class ServeProcess:
-    """`kvray serve --address` joining this session's Ray cluster, as a child process whose
-    output a thread reads line by line; leaving the `with` block kills it if still running."""
-
-    def __init__(
-        self,
-        ports: ServePorts,
-        *flags: str,
-        env: dict[str, str] | None = None,
-        local: bool = False,
-    ) -> None:
-        if local:  # its own Ray instance, choosing its own ports for Serve's other listeners
-            env = {k: v for k, v in (env or os.environ).items() if k not in LOCAL_PORT_KEYS}
-            where = ["--metrics-port", str(free_port())]
-        else:
-            import ray
-
-            where = ["--address", ray.get_runtime_context().gcs_address]
-        self._joined = not local
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cluster.cli.main",
-                "serve",
-                *where,
-                "--kv-cache-memory",
-                str(KV_CACHE_BYTES),
-                "--port",
-                str(ports.http),
-                "--grpc-port",
-                str(ports.grpc),
-                "--grpc-drain-s",
-                str(TEST_GRPC_DRAIN_S),  # nothing probes these: a short drain
-                *flags,
-            ],  # fmt: skip
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(
-            target=lambda: [self._lines.put(x) for x in self.proc.stdout], daemon=True
-        ).start()
-        self.out: list[str] = []
-
-    def __enter__(self) -> ServeProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:  # a failed test: leave no Ray instance behind
-            _kill([*self.descendants(), psutil.Process(self.proc.pid)])
-        if self._joined:  # nor its apps on the shared cluster (its gRPC port is the shared app's)
-            from ray import serve
-
-            for name in (serve_cmd.APP_NAME, liveness_app_name(serve_cmd.APP_NAME)):
-                if name in serve.status().applications:
-                    serve.delete(name)
-
-    def descendants(self) -> list[psutil.Process]:
-        """Every process it started (Ray's, replicas, engines, HAProxy), while it runs."""
-        return psutil.Process(self.proc.pid).children(recursive=True)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.out)
-
-    def wait_for(self, line_part: str, timeout_s: float = 300) -> None:
-        """Until an output line contains `line_part` (a hang guard, not a measurement)."""
-        deadline = time.monotonic() + timeout_s
-        while not any(line_part in x for x in self.out):
-            assert self.proc.poll() is None, self.text
-            assert time.monotonic() < deadline, self.text
-            with contextlib.suppress(queue.Empty):
-                self.out.append(self._lines.get(timeout=1))
-
-    def read_rest(self) -> None:
-        """The output left once the process has exited (the reader ends with it)."""
-        while True:
-            try:
-                self.out.append(self._lines.get(timeout=5))
-            except queue.Empty:
-                return
-
-
 @pytest.mark.slow
 def test_serve_joins_a_cluster_serves_and_stops_on_sigterm(serve_ports: ServePorts) -> None:
     from ray import serve
@@ -214,13 +126,6 @@ def test_ctrl_c_while_deploying_stops_cleanly(serve_ports: ServePorts) -> None:
         server.text
     )
     assert "kvray" not in serve.status().applications
-
-
-def _kill(procs: list[psutil.Process]) -> None:
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(procs, timeout=30)
 
 
 def _haproxy_dirs(procs: list[psutil.Process]) -> set[str]:
@@ -357,7 +262,7 @@ def test_after_rays_processes_are_killed_the_next_serve_starts_and_drains_on_sig
         first.wait_for("kvray is serving")
         # As `ray stop --force` (or a crash) does: every process of it but HAProxy dies.
         procs = first.descendants()
-        _kill([p for p in procs if "haproxy" not in p.name()] + [psutil.Process(first.proc.pid)])
+        kill([p for p in procs if "haproxy" not in p.name()] + [psutil.Process(first.proc.pid)])
         assert port_in_use(ports.http)  # the orphaned HAProxy still holds the HTTP port
         left_over = [p for p in procs if p.is_running() and "haproxy" in p.name()]
         assert left_over

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cluster.grpc_api.client import KvrayClient
-from tests.cluster.cli.test_serve import ServeProcess
+from tests.cluster.cli.serve_process import ServeProcess
 from tests.cluster.serve_helpers import ServePorts, free_port
 
 

@@ -281,6 +281,7 @@ def local_server(config: ServeConfig, log_level: str) -> Iterator[tuple[str, str
     RuntimeError when a port is taken or the application does not start."""
     from cluster.cli import serve as serve_cmd
     from cluster.cli.ports import check_ports
+    from cluster.cli.stop_signals import StartInterrupted, StopSignals
     from cluster.deploy.serve_env import apply_serve_env
 
     # Before anything imports ray.serve: Serve's settings (and free ports for its other
@@ -298,13 +299,21 @@ def local_server(config: ServeConfig, log_level: str) -> Iterator[tuple[str, str
     if problem:
         raise RuntimeError(problem)
     api_key = secrets.token_urlsafe(24)
+    # While Ray starts and the app deploys a signal is only recorded (cluster/cli/stop_signals.py);
+    # afterwards it interrupts the run as before.
+    signals = StopSignals()
+    signals.install()
     try:
         try:
-            serve_cmd.start(config, where, api_key, uuid.uuid4().hex)
-        except KeyboardInterrupt:
-            raise
+            serve_cmd.start(config, where, api_key, uuid.uuid4().hex, signals)
+            signals.check()
+        except StartInterrupted:
+            raise KeyboardInterrupt from None
         except Exception as err:
             raise RuntimeError(f"could not start kvray: {err}") from err
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, _raise_interrupt)
         yield f"http://127.0.0.1:{where.port}", api_key
     finally:
         logger.info("stopping the local kvray application, Serve and Ray")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -52,26 +51,24 @@ class StopSignals:
 
 
 def deploy(targets: Sequence[Any], signals: StopSignals) -> None:
-    """Deploys Serve applications (`ray.serve.RunTarget`s) and waits until every one is
-    RUNNING, checking for a signal meanwhile; RuntimeError if one fails to deploy."""
+    """Deploys Serve applications (`ray.serve.RunTarget`s) as `serve.run_many` does, waiting
+    until each is RUNNING and Serve's proxies route to it, and raises StartInterrupted as
+    soon as a signal arrives. The deploy runs in a thread of its own: the signal is checked
+    here meanwhile (the caller then deletes the applications; the thread ends with them)."""
     from ray import serve
-    from ray.serve.schema import ApplicationStatus
 
-    serve.run_many(
-        targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False
-    )
-    names = {t.name for t in targets}
-    seen: set[str] = set()
-    while True:
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve.run_many(targets)
+        except BaseException as err:  # handed to the caller
+            failures.append(err)
+
+    worker = threading.Thread(target=run, name="kvray-deploy", daemon=True)
+    worker.start()
+    while worker.is_alive():
         signals.check()
-        apps = {n: a for n, a in serve.status().applications.items() if n in names}
-        gone = seen - apps.keys()  # deleted by someone else while it deployed
-        if gone:
-            raise RuntimeError(f"application {sorted(gone)[0]} was deleted while it deployed")
-        seen |= apps.keys()
-        for name, app in apps.items():
-            if app.status == ApplicationStatus.DEPLOY_FAILED:
-                raise RuntimeError(f"deploying application {name} failed: {app.message}")
-        if seen == names and all(a.status == ApplicationStatus.RUNNING for a in apps.values()):
-            return
-        time.sleep(POLL_S)
+        worker.join(POLL_S)
+    if failures:
+        raise failures[0]

@@ -37,15 +37,19 @@ format: install
 
 # One torch thread per process: tests start Ray actors and servers beside the test process
 # on small machines, where OpenMP spin-waiting across processes costs more than it gains.
-# Two pytest runs (tests/conftest.py, --part): the tests that need no shared Ray on
-# TEST_WORKERS xdist workers, then every test that needs Ray in one process, sharing the
-# session's one Ray and Serve instance. Both always run; either failing fails the target.
-TEST_WORKERS ?= 2
+# Two pytest processes at once (tests/conftest.py, --part): the tests that need no shared
+# Ray, their output kept in $(LOCAL_LOG) and shown at the end, beside the tests that share the
+# session's one Ray and Serve instance, whose waits (deploys, streams, metrics exports) the
+# others fill. Both always run to the end; either failing fails the target.
+LOCAL_LOG ?= .pytest-local.log
 test: install lint
 	bash monitoring/install_prometheus.sh
 	status=0; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --part local tests || status=1; \
+	$(PYTEST) --part local tests > $(LOCAL_LOG) 2>&1 & local=$$!; \
 	$(PYTEST) --part ray tests || status=1; \
+	wait $$local || status=1; \
+	echo "== the tests without the shared Ray (they ran beside the ones above): =="; \
+	cat $(LOCAL_LOG); \
 	exit $$status
 
 bench: install

@@ -7,9 +7,10 @@ it before its processes exist (the API key replicas read from their environment,
 Serve settings, a free metrics export port publishing every second); `serve_ports` starts
 Serve on it once. Every Ray test uses these; none calls `ray.init` or `serve.start`.
 
-`make test` runs the suite in two parts (`--part`): first every test that needs no shared
-Ray, on two xdist workers (those that start a Ray of their own, OWN_RAY, one after another
-on one of them); then every test that shares it, in one process.
+`make test` runs the suite as two pytest processes at once (`--part`): every test that needs
+no shared Ray (those that start a Ray of their own, OWN_RAY, among them) beside every test
+that shares it. The Ray tests spend much of their time waiting on deploys, streams and
+metrics exports: the others fill those waits on a small machine.
 
 A few modules need something of the shared instance that others would spoil, so the
 collection hook below runs them first, in this order, after every test that needs no Ray
@@ -52,8 +53,8 @@ RAY_FIRST = (
     "tests/workers/test_tensor_parallel.py",
 )
 # Tests that start a Ray instance of their own (`kvray serve`, `kvray run-batch`, `ray start`),
-# whole modules or single tests: they run in the local part, one after another on one xdist
-# worker (a local instance binds Serve's fixed HAProxy ports), beside the tests without Ray.
+# whole modules or single tests: they need nothing of the session's instance and run beside
+# it, in the local part, one after another (a local instance binds Serve's fixed HAProxy ports).
 OWN_RAY = (
     "tests/cluster/cli/test_serve_tls.py",
     "tests/cluster/test_migration_multinode.py",
@@ -62,7 +63,6 @@ OWN_RAY = (
     "tests/cluster/cli/test_run_batch.py::"
     "test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running",
 )
-OWN_RAY_GROUP = "own-ray"  # the xdist group (`--dist loadgroup`) they share
 PARTS = ("all", "local", "ray")
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.
 METRICS_REPORT_INTERVAL_MS = 1000
@@ -73,8 +73,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--part",
         choices=PARTS,
         default="all",
-        help="local: only the tests that start no Ray (they may run in parallel, `-n 2`); "
-        "ray: only the others (one process: they share one Ray instance); all: both",
+        help="local: only the tests that need no shared Ray instance; ray: only the others "
+        "(they share the session's one Ray instance); all: both, in one process",
     )
 
 
@@ -98,9 +98,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 0
         return 1 + (RAY_FIRST.index(path) if path in RAY_FIRST else len(RAY_FIRST))
 
-    for item in items:
-        if _own_ray(item):
-            item.add_marker(pytest.mark.xdist_group(OWN_RAY_GROUP))
     part = config.getoption("part")
     if part != "all":
         keep = [item for item in items if (rank(item) > 0) == (part == "ray")]

@@ -66,3 +66,19 @@ def test_one_step_saves_before_it_loads_then_drops(device: str) -> None:
     assert pool.pool.keys() == {20}
     assert _same(_block(kv, 2), old3)
     assert _same([t.cpu() for t in pool.pool[20].flatten(0, 1)], old2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_config_block_bytes_match_the_cache_tensors(demo_dir, dtype: str, tp: int) -> None:  # noqa: ANN001
+    """The engine sizes the tier without torch (EngineConfig.kv_block_bytes): the same bytes
+    as a block of the cache tensors a rank allocates."""
+    from workers.config import EngineArgs
+
+    config = EngineArgs(model=str(demo_dir), dtype=dtype).create_config()
+    m = config.model
+    block = torch.empty(
+        (2, m.num_layers, config.cache.block_size, m.kv_heads_per_rank(tp), m.head_dim),
+        dtype=config.torch_dtype,
+    )
+    assert config.kv_block_bytes(tp) == block.numel() * block.element_size()

@@ -178,7 +178,7 @@ class BlockManager:
             return False
         prefix = len(cached) + len(restore)
         total = seq.num_computed_tokens + prefix * self.block_size + num_new_tokens
-        # Out of the tier before any eviction below saves a block there and evicts them.
+        # Before the evictions below save blocks to the tier: theirs are the most recent.
         restored = self.host_tier.take(restore) if restore else []
         for bid in cached:
             self._ref(bid)

@@ -6,13 +6,14 @@ The block manager (workers/core/block_manager.py) calls `save` when it evicts a 
 block from the device cache, and `take` + `load` when a new sequence's prompt continues past
 its device-cached prefix into hashes held here (the blocks are copied back instead of
 recomputed). A block's hash chains over its prefix and the adapter salt, so an entry is only
-ever served for the same tokens under the same adapter.
+ever served for the same tokens under the same adapter. A restored block stays in the tier
+too (inclusive): when the device evicts it again, nothing needs copying.
 
 The contents live in each rank's pool (workers/device/kv_offload.py, its own shard of every
 block), which applies a step's transfers before the forward: all saves (reading the device
 blocks as earlier steps left them), then all loads, then all drops. The bookkeeping keeps that
 grouped order equivalent to the order the block manager asked in:
-- a hash taken for a load leaves the tier at once, so no later save can evict (drop) it;
+- a hash dropped in the step that loads it is still in the pool when the load reads it;
 - a save of a hash dropped earlier in the same step cancels that drop (the save rewrites it);
 - a block loaded this step is never saved in the same step (the save would read the block
   before its load): it is not, as a restored block belongs to a running sequence all step,
@@ -103,9 +104,11 @@ class HostTier:
         self.copies_out += 1
 
     def take(self, hashes: list[int]) -> list[tuple[int, ...]]:
-        """Removes `hashes` (found by `holds`) before their blocks are allocated, so no save
-        the allocation makes can evict them; each must then get a `load`. Their tokens."""
-        return [self.entries.pop(h) for h in hashes]
+        """Their tokens, for hashes (found by `holds`) about to be restored; each then gets a
+        `load`. They stay, as the most recently used."""
+        for h in hashes:
+            self.entries.move_to_end(h)
+        return [self.entries[h] for h in hashes]
 
     def load(self, block_hash: int, block_id: int) -> None:
         """Copies a taken hash's contents into device block `block_id` before the forward."""
@@ -139,5 +142,5 @@ class HostTier:
             assert h not in self._pending_drops, f"host tier entry {h} is being dropped"
         loads = [h for h, _ in self._pending.loads]
         assert len(set(loads)) == len(loads), "a hash loaded twice in one step"
-        assert not set(loads) & self.entries.keys(), "a loaded hash is still in the tier"
+        assert set(loads) <= self.entries.keys() | self._pending_drops, "a load of nothing"
         assert self._pending_drops == set(self._pending.drops)

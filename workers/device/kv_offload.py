@@ -64,7 +64,7 @@ class KvOffload:
         if t.loads:
             ids = self._ids([b for _, b in t.loads])
             staged = torch.stack(
-                [self.pool.pop(h).to(self.device, non_blocking=self.pin) for h, _ in t.loads]
+                [self.pool[h].to(self.device, non_blocking=self.pin) for h, _ in t.loads]
             )
             for layer, (k, v) in enumerate(self.kv_caches):
                 k.index_copy_(0, ids, staged[:, layer, 0])

@@ -52,7 +52,7 @@ class KvTransfers:
     """The host KV tier's copies for this step (workers/core/host_tier.py), which each rank
     applies to its own shard before the forward, in this order: `saves` copy device blocks
     (as earlier steps left them) to the host pool under their hash, `loads` copy pooled
-    blocks into device blocks and leave the pool, `drops` leave the pool."""
+    blocks into device blocks (the pool keeps them), `drops` leave the pool."""
 
     saves: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)
     loads: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)

@@ -40,18 +40,20 @@ def test_lru_bounded_by_bytes() -> None:
     tier.check_invariants()
 
 
-def test_take_and_load_leave_the_tier_and_count_hits() -> None:
+def test_take_and_load_count_hits_and_keep_the_entries() -> None:
     tier = HostTier(4 * BLOCK_BYTES, BLOCK_BYTES, BS)
     for h in (1, 2):
         tier.save(h, _toks(h), block_id=h)
     tier.pop_transfers()
     assert tier.holds(1, _toks(1)) and not tier.holds(1, _toks(2))  # collision guard
+    tier.save(3, _toks(3), block_id=3)
     assert tier.take([1, 2]) == [_toks(1), _toks(2)]
     tier.load(1, 5)
     tier.load(2, 6)
     tier.check_invariants()
-    assert tier.num_blocks == 0 and (tier.copies_in, tier.hit_tokens) == (2, 2 * BS)
-    assert tier.pop_transfers() == KvTransfers(loads=[(1, 5), (2, 6)])
+    # They stay (inclusive), now the most recently used.
+    assert list(tier.entries) == [3, 1, 2] and (tier.copies_in, tier.hit_tokens) == (2, 2 * BS)
+    assert tier.pop_transfers() == KvTransfers(saves=[(3, 3)], loads=[(1, 5), (2, 6)])
 
 
 def test_same_step_orders_stay_equivalent_to_grouped_application() -> None:
@@ -72,9 +74,14 @@ def test_same_step_orders_stay_equivalent_to_grouped_application() -> None:
     tier.take([1])
     tier.load(1, 9)
     tier.save(5, _toks(5), block_id=9)
-    tier.save(1, _toks(1), block_id=4)
-    assert tier.num_blocks == 0
+    assert list(tier.entries) == [1]
     assert tier.pop_transfers() == KvTransfers(loads=[(1, 9)])
+    # A hash dropped in the step that loads it: the load reads the pool before the drop.
+    tier.take([1])
+    tier.load(1, 2)
+    tier.save(6, _toks(6), block_id=6)  # drops 1
+    tier.check_invariants()
+    assert tier.pop_transfers() == KvTransfers(saves=[(6, 6)], loads=[(1, 2)], drops=[1])
 
 
 def test_clear_drops_everything() -> None:
@@ -159,7 +166,7 @@ class _Sim:
         for h, b in t.saves:
             self.pool[h] = list(self.device[b])
         for h, b in t.loads:
-            self.device[b] = list(self.pool.pop(h))
+            self.device[b] = list(self.pool[h])
         for h in t.drops:
             self.pool.pop(h, None)
         for seq, start, end in self.writes:

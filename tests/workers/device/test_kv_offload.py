@@ -43,13 +43,13 @@ def test_save_then_load_restores_every_layer(device: str) -> None:
     for k, v in kv:  # the forward reuses the blocks
         k.zero_()
         v.zero_()
-    # Block 4's contents into block 0 and block 1's back into block 1; 44 leaves the pool.
+    # Block 4's contents into block 0 and block 1's back into block 1; the pool keeps them.
     pool.apply(KvTransfers(loads=[(44, 0), (11, 1)]))
     if device == "cuda":
         torch.cuda.synchronize()
     assert _same(_block(kv, 0), before[4]) and _same(_block(kv, 1), before[1])
     assert _same(_block(kv, 2), [torch.zeros(BS, HEADS, DIM)] * (2 * LAYERS))  # untouched
-    assert pool.pool == {}
+    assert pool.pool.keys() == {11, 44}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,7 +63,7 @@ def test_one_step_saves_before_it_loads_then_drops(device: str) -> None:
     pool.apply(KvTransfers(saves=[(20, 2)], loads=[(30, 2)], drops=[50]))
     if device == "cuda":
         torch.cuda.synchronize()
-    assert pool.pool.keys() == {20}
+    assert pool.pool.keys() == {20, 30}
     assert _same(_block(kv, 2), old3)
     assert _same([t.cpu() for t in pool.pool[20].flatten(0, 1)], old2)
 

@@ -89,3 +89,34 @@ def test_the_engine_in_its_child_process_restores_too(demo_dir) -> None:  # noqa
     off, _, _ = _run(_args(demo_dir, 0))
     assert tokens == [o.outputs[0].token_ids for o in off]
     assert stats.kv_offload_hit_tokens == 96
+
+
+def test_preempted_sequences_get_their_blocks_back_from_the_tier(demo_dir) -> None:  # noqa: ANN001
+    """A preempted sequence's blocks go back to the free queue; those evicted before it runs
+    again are restored from the tier instead of recomputed, with the tokens of a cache large
+    enough never to preempt."""
+    import random
+
+    rng = random.Random(2)
+    prefix = [rng.randrange(3, 3800) for _ in range(64)]
+    prompts = [
+        prefix + [rng.randrange(3, 3800) for _ in range(n)]
+        for n in (5, 60, 120, 150, 9, 33, 70, 100)
+    ]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ref = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20).generate(
+        prompts, params, use_tqdm=False
+    )
+    per_block = _block_bytes(demo_dir)
+    llm = LLM(
+        str(demo_dir),
+        kv_cache_memory_bytes=20 * per_block,
+        max_num_batched_tokens=64,
+        kv_offload_gib=GIB,
+    )
+    out = llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.stats()
+    llm.engine.block_manager.check_invariants()
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    assert stats.num_preemptions > 0 and stats.kv_offload_hit_tokens > 0
+    assert stats.kv_blocks_used == 0

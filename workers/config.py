@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
-from workers.hf_config import settled_config
+from workers.hf_config import eos_ids, settled_config
 from workers.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 from workers.rope_config import RopeConfig
@@ -152,23 +152,10 @@ class ModelConfig:
             rope=gemma.global_rope if gemma else RopeConfig.from_hf(cfg),
             checkpoint_dtype=_DTYPES.get(raw_dtype.replace("torch.", ""), "float32"),
             sliding_window=int(sliding) if sliding else None,
-            eos_token_ids=_eos_ids(path, cfg),
+            eos_token_ids=eos_ids(path, cfg),
             moe=MoeConfig.from_hf(arch, cfg, int(cfg["num_hidden_layers"])),
             gemma=gemma,
         )
-
-
-def _eos_ids(path: Path, cfg: dict[str, Any]) -> tuple[int, ...]:
-    """EOS ids: generation_config.json wins over config.json (that is what `generate` uses)."""
-    value: Any = None
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        value = json.loads(gen.read_text()).get("eos_token_id")
-    if value is None:
-        value = cfg.get("eos_token_id")
-    if value is None:
-        return ()
-    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
 @dataclass(frozen=True)
@@ -178,6 +165,12 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None  # None: a fraction of free memory (CUDA) / 1 GiB (CPU)
     gpu_memory_utilization: float = 0.85
     kv_events: bool = False  # record prefix-cache KV events for a KV-aware router
+    kv_offload_gib: float = 0.0  # the host KV tier (workers/core/host_tier.py); 0: off
+
+    def __post_init__(self) -> None:
+        g = self.kv_offload_gib
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
+            raise ValueError(f"kv_offload_gib must be a number >= 0, got {g!r}")
 
 
 @dataclass(frozen=True)
@@ -254,6 +247,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None  # None: max(DEFAULT_MAX_CPU_LORAS, max_loras)
     # Launch step N+1 before step N's tokens reach the host (workers/core/engine.py).
     async_scheduling: bool = False
+    # GiB of host memory keeping evicted prefix-cache blocks (workers/core/host_tier.py); 0: off.
+    kv_offload_gib: float = 0.0
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -305,6 +300,7 @@ class EngineArgs:
                 enable_prefix_caching=self.enable_prefix_caching,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                 kv_events=self.kv_events,
+                kv_offload_gib=self.kv_offload_gib,
             ),
             scheduler=SchedulerConfig(
                 max_model_len=max_model_len,
@@ -388,6 +384,12 @@ class EngineConfig:
     cpu_kernels: bool = True  # EngineArgs.cpu_kernels
     attention_backend: str = "auto"  # EngineArgs.attention_backend
     lora: LoraConfig | None = None  # None: no adapters (EngineArgs.enable_lora)
+
+    def kv_block_bytes(self, tp_size: int) -> int:
+        """One KV block's bytes on one rank (K and V, every layer); no torch needed."""
+        m, bits = self.model, int(re.search(r"\d+", self.dtype.split(".")[-1]).group())
+        kvh = m.kv_heads_per_rank(tp_size)
+        return 2 * m.num_layers * self.cache.block_size * kvh * m.head_dim * bits // 8
 
     @property
     def torch_dtype(self):  # noqa: ANN201

@@ -10,6 +10,8 @@ rope_config.py) see one settled dict whichever version saved the checkpoint.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 # Each architecture's config class: by architecture rather than AutoConfig's model_type, as
@@ -35,3 +37,16 @@ def settled_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     for alias in getattr(cls, "attribute_map", {}):
         cfg[alias] = getattr(hf, alias)
     return cfg
+
+
+def eos_ids(path: Path, cfg: dict[str, Any]) -> tuple[int, ...]:
+    """EOS ids: generation_config.json wins over config.json (that is what `generate` uses)."""
+    value: Any = None
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+    if value is None:
+        value = cfg.get("eos_token_id")
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))

@@ -57,6 +57,14 @@ class EngineSettings:
         kind="size",
         engine=True,
     )
+    # workers/core/host_tier.py: evicted prefix-cache blocks kept in host memory.
+    kv_offload_gib: float = setting(
+        0.0,
+        "GiB of host memory per replica keeping the KV blocks evicted from the prefix cache, "
+        "copied back to the device instead of recomputed when a prompt shares them (0: off)",
+        MODEL_GROUP,
+        engine=True,
+    )
     max_num_seqs: int = setting(
         DEFAULT_MAX_NUM_SEQS, "sequences per engine step", MODEL_GROUP, engine=True
     )
@@ -137,6 +145,8 @@ class EngineSettings:
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens"):
             v = getattr(self, name)
             need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 or null", v)
+        v = self.kv_offload_gib
+        need(is_num(v) and v >= 0, "kv_offload_gib", "must be a number >= 0", v)
         for name in ("grammar_timeout_s", "step_timeout_s"):
             v = getattr(self, name)
             need(is_num(v) and v > 0, name, "must be a number > 0", v)

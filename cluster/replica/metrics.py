@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.ray_internals import record_zero
 from cluster.replica.cumulative import CumulativeCounters
+from cluster.replica.kv_offload_metrics import KvOffloadMetrics
 from cluster.replica.lora_metrics import LoraMetrics
 from cluster.replica.moe_metrics import MoeMetrics
 from workers.core.stats import new_compile_seconds
@@ -171,6 +172,8 @@ class EngineMetrics:
         self.lora = LoraMetrics(tags, counter, gauge, histogram, TTFT_BUCKETS_S)
         # Mixture-of-experts models: tokens per expert (cluster/replica/moe_metrics.py).
         self.moe = MoeMetrics(tags, counter, gauge)
+        # The host KV tier (cluster/replica/kv_offload_metrics.py).
+        self.kv_offload = KvOffloadMetrics(tags, counter, gauge)
 
         for c in (
             self._preemptions,
@@ -199,6 +202,7 @@ class EngineMetrics:
         self._observe_info(stats)
         self.lora.observe_stats(stats)
         self.moe.observe(stats.moe_expert_tokens)
+        self.kv_offload.observe(stats)
         self._advance(self._preemptions, "num_preemptions", int(stats.num_preemptions))
         self._advance(self._prefix_queries, "prefix_cache_queries", int(stats.prefix_cache_queries))
         self._advance(self._prefix_hits, "prefix_cache_hits", int(stats.prefix_cache_hits))

@@ -125,6 +125,37 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 (Target(rate("ray_kvray_router_routing_total", by="decision"), "{{decision}}"),),
                 unit="reqps",
             ),
+            Panel(
+                "Host KV tier traffic",
+                "The host KV tier (--kv-offload-gib), all replicas: prompt tokens restored from "
+                "it instead of computed per second, and KV blocks per second copied out to it "
+                "(evicted from the device), back in, and dropped from it to make room.",
+                (
+                    Target(rate("ray_kvray_kv_offload_hit_tokens_total", M), "restored tokens"),
+                    Target(rate("ray_kvray_kv_offload_copies_out_total", M), "blocks out"),
+                    Target(rate("ray_kvray_kv_offload_copies_in_total", M), "blocks in"),
+                    Target(rate("ray_kvray_kv_offload_evictions_total", M), "blocks dropped"),
+                ),
+            ),
+            Panel(
+                "Host KV tier size",
+                "Bytes of KV blocks each replica's host tier holds, next to what it may hold "
+                "(0: the tier is off).",
+                (
+                    Target(f"max by (replica) (ray_kvray_kv_offload_bytes{{{MR}}})", "{{replica}}"),
+                    Target(
+                        f"max by (replica) (ray_kvray_kv_offload_capacity_bytes{{{MR}}})",
+                        "{{replica}} capacity",
+                    ),
+                ),
+                unit="bytes",
+            ),
+            Panel(
+                "Host KV tier blocks",
+                "KV blocks each replica's host tier holds: prefixes evicted from the device "
+                "that a later prompt can get back without computing them.",
+                (Target(f"max by (replica) (ray_kvray_kv_offload_blocks{{{MR}}})", "{{replica}}"),),
+            ),
         ),
     ),
     Row(

@@ -103,6 +103,29 @@ def test_tp2_with_prefix_caching_chunking_and_preemption(demo_dir) -> None:
     assert stats.kv_blocks_used == 0
 
 
+def test_tp2_host_kv_tier_restores_every_ranks_shard(demo_dir) -> None:
+    """Each rank keeps its own shard of the evicted blocks (workers/device/kv_offload.py): the
+    shared prefix comes back from both, with TP=1's tokens."""
+    from tests.workers.test_kv_offload_engine import GREEDY as SHORT
+    from tests.workers.test_kv_offload_engine import PROMPTS
+
+    ref = LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20)
+    expected = [ref.generate([p], SHORT, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    # 12 blocks of 32 KiB per rank: the prefix does not stay on the device (as at TP=1).
+    llm = LLM(
+        str(demo_dir), tensor_parallel_size=2, kv_cache_memory_bytes=12 * 32768, kv_offload_gib=0.01
+    )
+    try:
+        out = [llm.generate([p], SHORT, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+        stats = llm.stats()
+    finally:
+        llm.engine.shutdown()
+    assert out == expected
+    assert stats.kv_offload_hit_tokens == 96 and stats.kv_blocks_total == 12
+    # The engine's bytes are both ranks' shards: a whole block each.
+    assert stats.kv_offload_bytes == stats.kv_offload_blocks * 2 * 32768
+
+
 def test_tp2_constrained_decoding_matches_tp1(demo_dir) -> None:
     """The grammar bitmask travels to the ranks in the step input; rank 0 applies it."""
     from workers.structured import StructuredOutputs

@@ -4,7 +4,9 @@ Blocks are ref-counted. With prefix caching, a full block is identified by a has
 over its parent's hash and its token ids (plus an optional salt, e.g. an adapter id), so a
 new sequence reuses the longest cached prefix of its prompt. Blocks no sequence references
 stay resident in an LRU free queue and are evicted (their hash dropped) only when a block
-is needed.
+is needed. With a host tier (workers/core/host_tier.py) an evicted block's contents are kept
+in host memory under its hash, and a prompt that misses the device cache past its cached
+prefix gets fresh blocks copied back from there (`lookup_host`, `allocate(restore=...)`).
 
 Block hashes are the same in every process (blake2b, not Python's `hash`, which varies with
 the process for None and strings): a router hashes a prompt itself and compares with the
@@ -19,9 +21,15 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING
 
+from workers.core.host_tier import HostTier
 from workers.core.kv_events import KvEventRecorder
 from workers.core.request import Seq
+from workers.messages.step import KvTransfers
+
+if TYPE_CHECKING:
+    from workers.config import EngineConfig
 
 
 @dataclass(eq=False)
@@ -50,12 +58,14 @@ class BlockManager:
         block_size: int,
         enable_caching: bool = True,
         kv_events: bool = False,
+        host_tier: HostTier | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache has no blocks: raise kv_cache_memory_bytes")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.host_tier = host_tier if enable_caching else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Unreferenced blocks in least-recently-used order (front = evicted first).
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
@@ -70,6 +80,14 @@ class BlockManager:
         self.kv_events: KvEventRecorder | None = None
         if kv_events and enable_caching:
             self.kv_events = KvEventRecorder(self._cached_chain, block_size)
+
+    @classmethod
+    def for_engine(cls, config: EngineConfig, num_blocks: int) -> BlockManager:
+        """The engine's pool of `num_blocks` (as the executor sized the cache), with the host
+        tier when kv_offload_gib asks for one."""
+        cache = config.cache
+        tier = HostTier.for_engine(config)
+        return cls(num_blocks, cache.block_size, cache.enable_prefix_caching, cache.kv_events, tier)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -118,43 +136,84 @@ class BlockManager:
             hit.append(bid)
         return hit
 
+    def lookup_host(self, seq: Seq, start: int) -> list[int]:
+        """Hashes of seq's blocks from block `start` on (after its device-cached prefix) that
+        the host tier holds: blocks to copy back instead of computing (`allocate`'s restore)."""
+        tier = self.host_tier
+        if tier is None or seq.params.needs_every_prompt_position:
+            return []
+        bs = self.block_size
+        hit: list[int] = []
+        for i, h in enumerate(self._hashes(seq, (seq.num_tokens - 1) // bs)[start:], start):
+            # A block the device still holds ends the run: it would be restored twice.
+            if h in self.cached or not tier.holds(h, tuple(seq.token_ids[i * bs : (i + 1) * bs])):
+                break
+            hit.append(h)
+        return hit
+
     def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit_tokens
 
     # -- allocation -------------------------------------------------------------------------
-    def can_allocate(self, seq: Seq, num_new_tokens: int, cached: list[int] = ()) -> bool:
-        total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+    def can_allocate(
+        self, seq: Seq, num_new_tokens: int, cached: list[int] = (), restore: list[int] = ()
+    ) -> bool:
+        prefix = len(cached) + len(restore)
+        total = seq.num_computed_tokens + prefix * self.block_size + num_new_tokens
         need = self.blocks_needed(total) - len(seq.block_ids) - len(cached)
         # Cached blocks sitting in the free queue are not free once we take them.
         taken_from_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
         return need <= self.num_free_blocks - taken_from_free
 
-    def allocate(self, seq: Seq, num_new_tokens: int, cached: list[int] = ()) -> bool:
-        """Gives seq blocks for `num_new_tokens` more tokens (after `cached` prefix blocks).
+    def allocate(
+        self, seq: Seq, num_new_tokens: int, cached: list[int] = (), restore: list[int] = ()
+    ) -> bool:
+        """Gives seq blocks for `num_new_tokens` more tokens (after `cached` prefix blocks and
+        the `restore` hashes, from `lookup_host`, which get fresh blocks copied back).
 
         All or nothing: returns False and changes nothing when blocks do not suffice.
         """
-        if not self.can_allocate(seq, num_new_tokens, cached):
+        if not self.can_allocate(seq, num_new_tokens, cached, restore):
             return False
-        total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        prefix = len(cached) + len(restore)
+        total = seq.num_computed_tokens + prefix * self.block_size + num_new_tokens
+        # Before the evictions below save blocks to the tier: theirs are the most recent.
+        restored = self.host_tier.take(restore) if restore else []
         for bid in cached:
             self._ref(bid)
             seq.block_ids.append(bid)
         need = self.blocks_needed(total) - len(seq.block_ids)
-        for _ in range(need):
+        for k in range(need):
             bid, _ = self.free_queue.popitem(last=False)
             block = self.blocks[bid]
             if block.block_hash is not None:  # evict the LRU cached block
                 if self.cached.get(block.block_hash) == bid:
                     del self.cached[block.block_hash]
                     self.num_uncached += 1
+                    if self.host_tier is not None:
+                        self.host_tier.save(block.block_hash, block.tokens, bid)
                     if self.kv_events is not None:
                         self.kv_events.removed([block.block_hash])
                 block.block_hash, block.tokens, block.parent_hash = None, None, None
             block.ref_count = 1
             seq.block_ids.append(bid)
+            if k < len(restore):
+                self._restore(seq, bid, restore[k], restored[k])
+        if restore and self.kv_events is not None:
+            self.kv_events.stored(
+                list(restore), self.blocks[seq.block_ids[len(cached)]].parent_hash
+            )
         return True
+
+    def _restore(self, seq: Seq, bid: int, h: int, tokens: tuple[int, ...]) -> None:
+        """Block `bid`, seq's last, gets host-tier hash `h`, copied in before the forward."""
+        i = len(seq.block_ids) - 1
+        block = self.blocks[bid]
+        block.block_hash, block.tokens = h, tokens
+        block.parent_hash = seq.block_hashes[i - 1] if i else None
+        self.cached[h] = bid
+        self.host_tier.load(h, bid)
 
     def _ref(self, bid: int) -> None:
         block = self.blocks[bid]
@@ -234,6 +293,8 @@ class BlockManager:
                 del self.cached[h]
                 removed.append(h)
         self.num_uncached += len(removed)
+        if self.host_tier is not None:
+            self.host_tier.clear()
         if self.kv_events is not None:
             # Blocks in use stay cached: then it is a removal, not a clear.
             if self.cached:
@@ -244,6 +305,10 @@ class BlockManager:
     def pop_kv_events(self) -> tuple:
         """This step's KV events (workers/core/kv_events.py); () when nobody asked for them."""
         return self.kv_events.pop() if self.kv_events is not None else ()
+
+    def pop_kv_transfers(self) -> KvTransfers | None:
+        """The host tier's copies for the next step (workers/core/host_tier.py); None: none."""
+        return self.host_tier.pop_transfers() if self.host_tier is not None else None
 
     def _cached_chain(self) -> list[tuple[int, int | None]]:
         """(hash, parent hash) of every cached block: a KV-event snapshot."""
@@ -260,3 +325,5 @@ class BlockManager:
             b = self.blocks[bid]
             assert b.block_hash == h and b.tokens is not None and len(b.tokens) == self.block_size
         assert len(self.free_queue) + sum(b.ref_count > 0 for b in self.blocks) == self.num_blocks
+        if self.host_tier is not None:
+            self.host_tier.check_invariants()

@@ -64,12 +64,7 @@ class LLMEngine:
         self.config = config
         # What the workers run, fixed at their start (the CPU kernels' state, for stats()).
         self.worker_info: dict[str, str] = self.executor.info()
-        self.block_manager = BlockManager(
-            self.executor.num_blocks,
-            config.cache.block_size,
-            config.cache.enable_prefix_caching,
-            kv_events=config.cache.kv_events,
-        )
+        self.block_manager = BlockManager.for_engine(config, self.executor.num_blocks)
         # LoRA: the adapters' device slots (None: the engine serves the base model only).
         self.lora_slots = LoraSlotTable.of(config, self.executor.lora_adapters)
         self.lora_load_seconds = 0.0
@@ -271,7 +266,7 @@ class LLMEngine:
         samples gets a token in flight (Seq.num_pending) until `_finish` learns its value."""
         lora_loads = [] if self.lora_slots is None else self.lora_slots.take_loads()
         grammar = self.structured.bitmask(sched.scheduled)
-        step = build_step_input(sched.scheduled, self._removed, grammar, lora_loads)
+        step = build_step_input(sched, self._removed, grammar, lora_loads)
         self._removed = []
         if self.config.scheduler.async_scheduling:
             pending = self.executor.launch(step)

@@ -33,7 +33,23 @@ def engine_stats(engine: Any) -> EngineStats:
         cpu_kernels=engine.worker_info.get("cpu_kernels", ""),
         moe_expert_tokens=engine.moe_expert_tokens,
         **_lora_stats(engine),
+        **_offload_stats(bm.host_tier),
     )
+
+
+def _offload_stats(tier: Any) -> dict[str, int]:
+    """The host KV tier's fields (workers/core/host_tier.py HostTier; None: off)."""
+    if tier is None:
+        return {}
+    return {
+        "kv_offload_blocks": tier.num_blocks,
+        "kv_offload_bytes": tier.num_bytes,
+        "kv_offload_capacity_bytes": tier.capacity_bytes,
+        "kv_offload_hit_tokens": tier.hit_tokens,
+        "kv_offload_copies_out": tier.copies_out,
+        "kv_offload_copies_in": tier.copies_in,
+        "kv_offload_evictions": tier.evictions,
+    }
 
 
 def _lora_stats(engine: Any) -> dict[str, Any]:

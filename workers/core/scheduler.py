@@ -5,8 +5,8 @@ prefilled prompts take a chunk), then waiting sequences in arrival order while t
 budget, `max_num_seqs` and KV blocks last. A long prompt is split across steps, so running
 decodes are never starved. When blocks run out, the most recently admitted running
 sequence is preempted: its blocks are freed and it goes back to the front of the queue to
-be recomputed later (reusing whatever the prefix cache still holds). A waiting sequence
-whose grammar is still compiling (constrained decoding) is passed over, not waited for.
+be recomputed later (reusing whatever the prefix cache, or its host tier, still holds). A
+waiting sequence whose grammar is still compiling (constrained decoding) is passed over.
 
 Priorities and tenants (`EngineInput.priority`, lower is more urgent; `EngineInput.tenant`):
 while every live sequence has the same priority and tenant, the order above is all there is
@@ -39,6 +39,7 @@ from workers.config import SchedulerConfig
 from workers.core.block_manager import BlockManager
 from workers.core.request import Seq, SeqStatus
 from workers.lora.slots import LoraSlotTable
+from workers.messages.step import KvTransfers
 
 
 @dataclass
@@ -48,6 +49,8 @@ class SchedulerOutput:
     # Finished here because the whole KV cache cannot hold them (removed, blocks freed).
     out_of_cache: list[Seq] = field(default_factory=list)
     num_batched_tokens: int = 0
+    # The host KV tier's copies this step's allocations asked for (workers/core/host_tier.py).
+    kv_transfers: KvTransfers | None = None
 
 
 class Scheduler:
@@ -184,10 +187,13 @@ class Scheduler:
                     skipped.append(self.waiting.popleft())  # every adapter slot is in use
                     continue
                 seq.lora_slot = slot
-            cached = self.bm.lookup_prefix(seq) if seq.num_computed_tokens == 0 else []
-            num_cached = len(cached) * self.bm.block_size
+            cached, restore = [], []
+            if seq.num_computed_tokens == 0:
+                cached = self.bm.lookup_prefix(seq)
+                restore = self.bm.lookup_host(seq, len(cached))  # copied back, not computed
+            num_cached = (len(cached) + len(restore)) * self.bm.block_size
             n = min(seq.num_tokens - num_cached, budget)
-            if not self.bm.allocate(seq, n, cached):
+            if not self.bm.allocate(seq, n, cached, restore):
                 self._release_slot(seq)
                 if self.running and not self._never_fits(seq.num_tokens):
                     break  # blocks come back as running sequences finish
@@ -197,7 +203,8 @@ class Scheduler:
                 continue
             if seq.first_scheduled_time is None:
                 if self.bm.enable_caching:
-                    self.bm.record_query(seq.prompt_len, min(num_cached, seq.prompt_len))
+                    hit = min(len(cached) * self.bm.block_size, seq.prompt_len)
+                    self.bm.record_query(seq.prompt_len, hit)  # the host tier's hits: its own
                 seq.num_cached_tokens = min(num_cached, seq.prompt_len)
                 seq.first_scheduled_time = now
             seq.num_computed_tokens = num_cached
@@ -208,6 +215,8 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(skipped))
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        if out.scheduled:  # (allocations schedule: no step, no copies; drops wait for one)
+            out.kv_transfers = self.bm.pop_kv_transfers()
         return out
 
     def _ends_by_length(self, seq: Seq) -> bool:

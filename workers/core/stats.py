@@ -22,6 +22,17 @@ class EngineStats:
     prefix_cache_queries: int = 0  # tokens looked up (cumulative)
     prefix_cache_hits: int = 0  # tokens found (cumulative)
     num_preemptions: int = 0
+    # The host KV tier (workers/core/host_tier.py; zeros when off): blocks and bytes it holds
+    # (over all ranks' pools) and may hold; cumulative: prompt tokens restored from it instead
+    # of computed (not in prefix_cache_hits), blocks copied out to it and back in, and blocks
+    # dropped from it to make room.
+    kv_offload_blocks: int = 0
+    kv_offload_bytes: int = 0
+    kv_offload_capacity_bytes: int = 0
+    kv_offload_hit_tokens: int = 0
+    kv_offload_copies_out: int = 0
+    kv_offload_copies_in: int = 0
+    kv_offload_evictions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps: int = 0

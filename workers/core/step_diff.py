@@ -3,21 +3,23 @@ scheduler's sequences: what the workers do not hold yet goes whole, the rest as 
 
 from __future__ import annotations
 
-from workers.core.request import Seq
+from workers.core.scheduler import SchedulerOutput
 from workers.lora.request import LoRARequest
 from workers.messages.step import CachedSeq, GrammarBitmask, NewSeq, StepInput
 
 
 def build_step_input(
-    scheduled: list[tuple[Seq, int]],
+    sched: SchedulerOutput,
     removed: list[str],
     grammar: GrammarBitmask | None,
     lora_loads: list[tuple[int, LoRARequest]],
 ) -> StepInput:
     """The step's diff for the workers: a sequence they do not hold yet goes whole, the others
     as what changed since the last step that sent them (module doc)."""
-    step = StepInput(removed=removed, grammar=grammar, lora_loads=lora_loads)
-    for seq, n in scheduled:
+    step = StepInput(
+        removed=removed, grammar=grammar, lora_loads=lora_loads, kv_transfers=sched.kv_transfers
+    )
+    for seq, n in sched.scheduled:
         if not seq.on_workers:
             step.new.append(
                 NewSeq(

@@ -19,6 +19,7 @@ from workers.device.distributed import TPGroup
 from workers.device.forward import build_forward
 from workers.device.host_memory import anon_rss_bytes, peak_rss_bytes, rss_bytes
 from workers.device.in_flight import PendingOutput, SampledTokens, fill_placeholders
+from workers.device.kv_offload import KvOffload
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.layers.sampler import SamplerOutput, greedy_tokens
 from workers.device.loader import load_weights
@@ -44,10 +45,7 @@ EXPERT_REPORT_S = 1.0
 
 
 def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
-    m = config.model
-    elem = torch.empty(0, dtype=config.torch_dtype).element_size()
-    kvh = m.kv_heads_per_rank(tp.size)
-    return 2 * m.num_layers * config.cache.block_size * kvh * m.head_dim * elem
+    return config.kv_block_bytes(tp.size)
 
 
 class Worker:
@@ -80,6 +78,7 @@ class Worker:
             time.perf_counter() - t0,
         )
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_offload: KvOffload | None = None  # the host KV tier's pool (this rank's shard)
         self.steps = 0
         self.execute_s = 0.0
         self.states: dict[str, SeqState] = {}
@@ -164,6 +163,8 @@ class Worker:
             )
             for _ in range(m.num_layers)
         ]
+        if self.config.cache.kv_offload_gib > 0:
+            self.kv_offload = KvOffload(self.kv_caches, self.device)
         if self.triton_block_q:
             self._init_step_buffers(num_blocks)
 
@@ -249,6 +250,8 @@ class Worker:
         t0 = time.perf_counter()
         try:
             load_s = self._load_loras(step)
+            if step.kv_transfers is not None:  # before the forward that reads restored blocks
+                self.kv_offload.apply(step.kv_transfers)
             pending = self._execute(step)
             if pending is not None:
                 pending.lora_load_s = load_s

@@ -48,6 +48,21 @@ class GrammarBitmask:
 
 
 @dataclass
+class KvTransfers:
+    """The host KV tier's copies for this step (workers/core/host_tier.py), which each rank
+    applies to its own shard before the forward, in this order: `saves` copy device blocks
+    (as earlier steps left them) to the host pool under their hash, `loads` copy pooled
+    blocks into device blocks (the pool keeps them), `drops` leave the pool."""
+
+    saves: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)
+    loads: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)
+    drops: list[int] = field(default_factory=list)  # block hashes
+
+    def __bool__(self) -> bool:
+        return bool(self.saves or self.loads or self.drops)
+
+
+@dataclass
 class StepInput:
     new: list[NewSeq] = field(default_factory=list)
     cached: list[CachedSeq] = field(default_factory=list)
@@ -58,6 +73,8 @@ class StepInput:
     # Report the tokens per expert with this step whenever it was last reported (an idle
     # engine's last counts: workers/core/expert_report.py).
     report_experts: bool = False
+    # The host KV tier's copies, done before the forward (None: none this step).
+    kv_transfers: KvTransfers | None = None
 
 
 @dataclass

@@ -32,3 +32,21 @@ def test_engine_settings_are_engine_args_of_the_same_name() -> None:
 def test_the_section_checks_itself() -> None:
     with pytest.raises(ValueError, match=r"^async_scheduling needs tensor_parallel_size 1"):
         EngineSettings(async_scheduling=True, tensor_parallel_size=2)
+
+
+def test_kv_offload_gib_flag_reaches_the_engine(demo_dir) -> None:  # noqa: ANN001
+    import argparse
+
+    from cluster.cli.flags import add_serve_flags, config_from_flags
+
+    parser = argparse.ArgumentParser()
+    add_serve_flags(parser, "127.0.0.1")
+    assert config_from_flags(parser.parse_args([])).engine.kv_offload_gib == 0  # off
+    c = config_from_flags(parser.parse_args(["--kv-offload-gib", "2.5"]))
+    kwargs = c.engine_kwargs(str(demo_dir))
+    assert kwargs["kv_offload_gib"] == 2.5
+    assert EngineArgs(**kwargs).create_config().cache.kv_offload_gib == 2.5
+    assert ServeConfig.from_args(c.to_args()) == c
+    for bad in (-1, "1", True, float("inf")):
+        with pytest.raises(ValueError, match=r"^kv_offload_gib "):
+            ServeConfig.from_flat(kv_offload_gib=bad)

@@ -37,24 +37,19 @@ format: install
 
 # One torch thread per process: tests start Ray actors and servers beside the test process
 # on small machines, where OpenMP spin-waiting across processes costs more than it gains.
-# Three pytest processes at once (tests/conftest.py, --part): the tests that need no shared
-# Ray, and the Ray tests in two halves, each sharing a session Ray instance of its own; the Ray
-# tests mostly wait (deploys, streams, metrics exports) and the others fill those waits. The
-# output of the local part and of the second half is kept in files and shown at the end. All
-# three always run to the end; any failing fails the target.
-PART_LOG ?= .pytest-part
+# Two pytest processes at once (tests/conftest.py, --part): the tests that need no shared
+# Ray, their output kept in $(LOCAL_LOG) and shown at the end, beside the tests that share the
+# session's one Ray and Serve instance, whose waits (deploys, streams, metrics exports) the
+# others fill. Both always run to the end; either failing fails the target.
+LOCAL_LOG ?= .pytest-local.log
 test: install lint
 	bash monitoring/install_prometheus.sh
 	status=0; \
-	$(PYTEST) --part local tests > $(PART_LOG)-local.log 2>&1 & local=$$!; \
-	$(PYTEST) --part ray2 tests > $(PART_LOG)-ray2.log 2>&1 & ray2=$$!; \
-	$(PYTEST) --part ray1 tests || status=1; \
-	wait $$ray2 || status=1; \
+	$(PYTEST) --part local tests > $(LOCAL_LOG) 2>&1 & local=$$!; \
+	$(PYTEST) --part ray tests || status=1; \
 	wait $$local || status=1; \
-	for part in ray2 local; do \
-		echo "== --part $$part (it ran beside the tests above): =="; \
-		cat $(PART_LOG)-$$part.log; \
-	done; \
+	echo "== the tests without the shared Ray (they ran beside the ones above): =="; \
+	cat $(LOCAL_LOG); \
 	exit $$status
 
 bench: install

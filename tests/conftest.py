@@ -7,11 +7,10 @@ it before its processes exist (the API key replicas read from their environment,
 Serve settings, a free metrics export port publishing every second); `serve_ports` starts
 Serve on it once. Every Ray test uses these; none calls `ray.init` or `serve.start`.
 
-`make test` runs the suite as three pytest processes at once (`--part`): every test that
-needs no shared Ray (those that start a Ray of their own, OWN_RAY, among them), and the tests
-that share one in two halves (ray1, ray2: RAY2), each half with a session Ray of its own. The
-Ray tests spend most of their time waiting on deploys, streams and metrics exports: the
-others fill those waits on a small machine.
+`make test` runs the suite as two pytest processes at once (`--part`): every test that needs
+no shared Ray (those that start a Ray of their own, OWN_RAY, among them) beside every test
+that shares it. The Ray tests spend much of their time waiting on deploys, streams and
+metrics exports: the others fill those waits on a small machine.
 
 A few modules need something of the shared instance that others would spoil, so the
 collection hook below runs them first, in this order, after every test that needs no Ray
@@ -64,23 +63,7 @@ OWN_RAY = (
     "tests/cluster/cli/test_run_batch.py::"
     "test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running",
 )
-# The Ray tests in two halves, each a pytest process with a Ray instance of its own, run at
-# once: these (by path prefix) are the second, "ray2". None of them starts a TP rank, which
-# tests/cluster/test_migration.py counts on the whole machine.
-RAY2 = (
-    "tests/cluster/http/",
-    "tests/cluster/ingress/",
-    "tests/cluster/replica/",
-    "tests/cluster/routing/",
-    "tests/cluster/bench/",
-    "tests/cluster/controller/",
-    "tests/cluster/test_unhappy_paths.py",
-    "tests/cluster/test_tracing_live.py",
-    "tests/cluster/grpc_api/test_bounds.py",
-    "tests/cluster/grpc_api/test_fuzz.py",
-    "tests/cluster/grpc_api/test_grpc_embed.py",
-)
-PARTS = ("all", "local", "ray", "ray1", "ray2")
+PARTS = ("all", "local", "ray")
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.
 METRICS_REPORT_INTERVAL_MS = 1000
 
@@ -91,8 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=PARTS,
         default="all",
         help="local: only the tests that need no shared Ray instance; ray: only the others "
-        "(they share the session's one Ray instance), ray1 and ray2 its two halves (RAY2); "
-        "all: every test, in one process",
+        "(they share the session's one Ray instance); all: both, in one process",
     )
 
 
@@ -116,14 +98,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 0
         return 1 + (RAY_FIRST.index(path) if path in RAY_FIRST else len(RAY_FIRST))
 
-    def part_of(item: pytest.Item) -> str:
-        if rank(item) == 0:
-            return "local"
-        return "ray2" if _relpath(item).startswith(RAY2) else "ray1"
-
     part = config.getoption("part")
     if part != "all":
-        keep = [item for item in items if part_of(item) == part or part_of(item)[:3] == part]
+        keep = [item for item in items if (rank(item) > 0) == (part == "ray")]
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
     items.sort(key=rank)  # stable: the collection order within each rank

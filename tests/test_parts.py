@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import OWN_RAY, RAY2
+from tests.conftest import OWN_RAY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,8 +46,5 @@ def test_the_local_part_needs_no_shared_ray_and_the_rest_is_the_ray_part() -> No
         own = [t for t in local + ray if t == entry or t.startswith(f"{entry}::")]
         assert own and set(own) <= set(local), entry
     assert "tests/cluster/cli/test_serve.py::test_ctrl_c_while_deploying_stops_cleanly" in ray
-    # The second half of the Ray tests starts no TP rank (test_migration counts them).
-    ray2 = [t for t in ray if t.startswith(RAY2)]
-    assert ray2 and not [t for t in ray2 if "tensor_parallel" in t or "_tp" in t]
     assert any(t.startswith("tests/monitoring/test_prometheus_live.py::") for t in ray)
     assert any(t.startswith("tests/workers/core/test_scheduler.py::") for t in local)

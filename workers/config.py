@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -166,11 +165,14 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.85
     kv_events: bool = False  # record prefix-cache KV events for a KV-aware router
     kv_offload_gib: float = 0.0  # the host KV tier (workers/core/host_tier.py); 0: off
+    kv_share: bool = False  # export full blocks for the cluster tier (workers/core/kv_share.py)
 
     def __post_init__(self) -> None:
         g = self.kv_offload_gib
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
             raise ValueError(f"kv_offload_gib must be a number >= 0, got {g!r}")
+        if self.kv_share and not (g > 0 and self.kv_events and self.enable_prefix_caching):
+            raise ValueError("kv_share needs kv_offload_gib > 0, kv_events and prefix caching")
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,7 @@ class EngineArgs:
     async_scheduling: bool = False
     # GiB of host memory keeping evicted prefix-cache blocks (workers/core/host_tier.py); 0: off.
     kv_offload_gib: float = 0.0
+    kv_share: bool = False  # CacheConfig.kv_share
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -301,6 +304,7 @@ class EngineArgs:
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                 kv_events=self.kv_events,
                 kv_offload_gib=self.kv_offload_gib,
+                kv_share=self.kv_share,
             ),
             scheduler=SchedulerConfig(
                 max_model_len=max_model_len,
@@ -384,12 +388,6 @@ class EngineConfig:
     cpu_kernels: bool = True  # EngineArgs.cpu_kernels
     attention_backend: str = "auto"  # EngineArgs.attention_backend
     lora: LoraConfig | None = None  # None: no adapters (EngineArgs.enable_lora)
-
-    def kv_block_bytes(self, tp_size: int) -> int:
-        """One KV block's bytes on one rank (K and V, every layer); no torch needed."""
-        m, bits = self.model, int(re.search(r"\d+", self.dtype.split(".")[-1]).group())
-        kvh = m.kv_heads_per_rank(tp_size)
-        return 2 * m.num_layers * self.cache.block_size * kvh * m.head_dim * bits // 8
 
     @property
     def torch_dtype(self):  # noqa: ANN201

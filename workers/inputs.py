@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from workers.lora.request import LoRARequest
 from workers.outputs import TokenLogprobs
 from workers.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from workers.messages.kv_blocks import KvBlockData
 
 
 class _Encoder(Protocol):
@@ -61,6 +64,10 @@ class EngineInput:
     # The LoRA adapter to run under (None: the base model). Checked by the engine when it
     # first sees the adapter (workers/lora/checkpoint.py); servers resolve names to it.
     lora: LoRARequest | None = None
+    # KV blocks of its prompt another replica computed, pulled from the cluster tier by the
+    # replica (cluster/replica/kv_share.py): the engine checks them and copies them in
+    # instead of computing those tokens (workers/core/kv_share.py). Not part of the request.
+    kv_blocks: tuple[KvBlockData, ...] = ()
 
 
 @dataclass(frozen=True)

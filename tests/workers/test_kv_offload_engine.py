@@ -12,6 +12,7 @@ import pytest
 from tests.workers.parity import assert_outputs_match_hf
 from workers import LLM, AsyncEngine, SamplingParams
 from workers.config import EngineArgs
+from workers.kv_layout import kv_block_bytes
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PREFIX = list(range(10, 110))  # 6 full blocks of 16 (and 4 tokens)
@@ -26,7 +27,7 @@ GIB = 1 / 64  # 16 MiB: room for every block these prompts fill
 
 def _args(demo_dir: Path, gib: float, **kw) -> EngineArgs:  # noqa: ANN003
     config = EngineArgs(model=str(demo_dir)).create_config()
-    per_block = config.kv_block_bytes(1)
+    per_block = kv_block_bytes(config, 1)
     # 12 blocks: one prompt at a time fits, the shared prefix does not stay resident.
     return EngineArgs(
         model=str(demo_dir), kv_cache_memory_bytes=12 * per_block, kv_offload_gib=gib, **kw
@@ -61,7 +62,7 @@ def test_evicted_prefix_is_restored_not_recomputed(demo_dir, async_scheduling) -
 
 
 def _block_bytes(demo_dir: Path) -> int:
-    return EngineArgs(model=str(demo_dir)).create_config().kv_block_bytes(1)
+    return kv_block_bytes(EngineArgs(model=str(demo_dir)).create_config(), 1)
 
 
 def test_a_tier_too_small_evicts_and_stays_right(demo_dir) -> None:  # noqa: ANN001

@@ -16,16 +16,18 @@ engine's KV events (workers/core/kv_events.py), which the manager records when b
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from workers.core.block_hash import chain_hash
 from workers.core.host_tier import HostTier
 from workers.core.kv_events import KvEventRecorder
+from workers.core.kv_share import KvShare
 from workers.core.request import Seq
+from workers.kv_layout import kv_block_bytes
+from workers.messages.kv_blocks import KvBlockData
 from workers.messages.step import KvTransfers
 
 if TYPE_CHECKING:
@@ -41,16 +43,6 @@ class Block:
     parent_hash: int | None = None  # the hash this block's hash chains on (KV snapshots)
 
 
-def chain_hash(parent: int | None, tokens: tuple[int, ...], salt: object = None) -> int:
-    """A signed 64-bit hash of (parent hash, token ids, salt), the same in every process."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(b"root" if parent is None else parent.to_bytes(8, "little", signed=True))
-    h.update(array("q", tokens).tobytes())
-    if salt is not None:
-        h.update(repr(salt).encode())
-    return int.from_bytes(h.digest(), "little", signed=True)
-
-
 class BlockManager:
     def __init__(
         self,
@@ -59,6 +51,7 @@ class BlockManager:
         enable_caching: bool = True,
         kv_events: bool = False,
         host_tier: HostTier | None = None,
+        share: KvShare | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache has no blocks: raise kv_cache_memory_bytes")
@@ -66,6 +59,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.host_tier = host_tier if enable_caching else None
+        # The cluster tier's exports and imports (workers/core/kv_share.py); needs the tier.
+        self.share = share if self.host_tier is not None else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Unreferenced blocks in least-recently-used order (front = evicted first).
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
@@ -85,9 +80,14 @@ class BlockManager:
     def for_engine(cls, config: EngineConfig, num_blocks: int) -> BlockManager:
         """The engine's pool of `num_blocks` (as the executor sized the cache), with the host
         tier when kv_offload_gib asks for one."""
-        cache = config.cache
+        cache, tp = config.cache, config.parallel.tensor_parallel_size
         tier = HostTier.for_engine(config)
-        return cls(num_blocks, cache.block_size, cache.enable_prefix_caching, cache.kv_events, tier)
+        share = (
+            KvShare(cache.block_size, tp, kv_block_bytes(config, tp)) if cache.kv_share else None
+        )
+        return cls(
+            num_blocks, cache.block_size, cache.enable_prefix_caching, cache.kv_events, tier, share
+        )
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -258,6 +258,8 @@ class BlockManager:
             block.parent_hash = hashes[i - 1] if i else None
             block.tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             self.cached[h] = block.block_id
+            if self.share is not None:
+                self.share.mark(h, None if seq.lora is None else seq.lora.lora_int_id)
             if self.kv_events is not None:
                 if stored and stored[-1] != block.parent_hash:
                     self.kv_events.stored(stored, self.blocks[self.cached[stored[0]]].parent_hash)
@@ -307,8 +309,26 @@ class BlockManager:
         return self.kv_events.pop() if self.kv_events is not None else ()
 
     def pop_kv_transfers(self) -> KvTransfers | None:
-        """The host tier's copies for the next step (workers/core/host_tier.py); None: none."""
-        return self.host_tier.pop_transfers() if self.host_tier is not None else None
+        """The host tier's copies for the next step (workers/core/host_tier.py) and the
+        cluster tier's exports (workers/core/kv_share.py); None: none."""
+        if self.host_tier is None:
+            return None
+        out = self.host_tier.pop_transfers()
+        if self.share is not None and (exports := self.share.pop_exports(self.cached, self.blocks)):
+            out = out or KvTransfers()
+            out.exports = exports
+        return out
+
+    def import_blocks(self, blocks: tuple[KvBlockData, ...]) -> int:
+        """Blocks pulled from another replica, checked, into the host tier: a prompt that
+        continues into them restores them (`lookup_host`). Returns how many entered."""
+        return self.share.accept(blocks, self.host_tier) if self.share is not None else 0
+
+    def exported(self, shards: list[dict]) -> None:
+        """The ranks' copies of the step's exports (`Executor.take_kv_exports`), handed
+        to the caller with the KV events."""
+        if self.share is not None and self.kv_events is not None:
+            self.kv_events.exported(self.share.collect(shards))
 
     def _cached_chain(self) -> list[tuple[int, int | None]]:
         """(hash, parent hash) of every cached block: a KV-event snapshot."""

@@ -192,6 +192,8 @@ class LLMEngine:
             seqs.append(seq)
         for seq in seqs:
             self.scheduler.add(seq)  # raises before anything is registered if it can never fit
+        if inp.kv_blocks:  # pulled from another replica: restored as the prompt is scheduled
+            self.block_manager.import_blocks(inp.kv_blocks)
         req = Request(request_id, inp.prompt, ids, params, seqs, now)
         self.requests[request_id] = req
         for seq in seqs:
@@ -272,6 +274,8 @@ class LLMEngine:
             pending = self.executor.launch(step)
         else:
             pending = Resolved(self.executor.execute(step))
+        if (t := step.kv_transfers) is not None and t.exports:  # workers/core/kv_share.py
+            self.block_manager.exported(self.executor.take_kv_exports([h for h, _ in t.exports]))
         self.num_steps += 1
         self.step_token_counts.append(sched.num_batched_tokens)
         host_bound = False

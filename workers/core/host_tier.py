@@ -14,7 +14,8 @@ block), which applies a step's transfers before the forward: all saves (reading 
 blocks as earlier steps left them), then all loads, then all drops. The bookkeeping keeps that
 grouped order equivalent to the order the block manager asked in:
 - a hash dropped in the step that loads it is still in the pool when the load reads it;
-- a save of a hash dropped earlier in the same step cancels that drop (the save rewrites it);
+- a save of a hash dropped earlier in the same step cancels that drop (the save rewrites it),
+  and so does an import (`insert`: a block pulled from another replica, cluster tier);
 - a block loaded this step is never saved in the same step (the save would read the block
   before its load): it is not, as a restored block belongs to a running sequence all step,
   and `save` skips it should that ever change (the contents are merely not kept).
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from workers.kv_layout import kv_block_bytes
 from workers.messages.step import KvTransfers
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ class HostTier:
         self.copies_in = 0  # blocks restored to the device (cumulative)
         self.evictions = 0  # blocks dropped to make room (cumulative)
         self.hit_tokens = 0  # tokens restored instead of recomputed (cumulative)
+        self.imports = 0  # blocks pulled from other replicas (cumulative)
 
     @classmethod
     def for_engine(cls, config: EngineConfig) -> HostTier | None:
@@ -60,7 +63,7 @@ class HostTier:
         if not cache.enable_prefix_caching:
             return None
         tier = cls(
-            int(cache.kv_offload_gib * GIB), config.kv_block_bytes(tp) * tp, cache.block_size
+            int(cache.kv_offload_gib * GIB), kv_block_bytes(config, tp) * tp, cache.block_size
         )
         return tier if tier.capacity_blocks > 0 else None
 
@@ -91,17 +94,34 @@ class HostTier:
         if block_hash in self.entries:
             self.entries.move_to_end(block_hash)  # the same contents are already here
             return
-        while len(self.entries) >= self.capacity_blocks:
-            old, _ = self.entries.popitem(last=False)
-            self._pending.drops.append(old)
-            self._pending_drops.add(old)
-            self.evictions += 1
+        self._make_room()
         if block_hash in self._pending_drops:  # the save below rewrites it: keep it
             self._pending_drops.discard(block_hash)
             self._pending.drops.remove(block_hash)
         self.entries[block_hash] = tokens
         self._pending.saves.append((block_hash, block_id))
         self.copies_out += 1
+
+    def insert(self, block_hash: int, tokens: tuple[int, ...], shards: tuple) -> bool:
+        """Takes a block pulled from another replica (its ranks' bytes, `shards`), put into
+        the pools before the next forward; False when it is here already (or no room)."""
+        if self.capacity_blocks == 0 or block_hash in self.entries:
+            return False
+        self._make_room()
+        if block_hash in self._pending_drops:  # the import below rewrites it: keep it
+            self._pending_drops.discard(block_hash)
+            self._pending.drops.remove(block_hash)
+        self.entries[block_hash] = tokens
+        self._pending.imports.append((block_hash, shards))
+        self.imports += 1
+        return True
+
+    def _make_room(self) -> None:
+        while len(self.entries) >= self.capacity_blocks:
+            old, _ = self.entries.popitem(last=False)
+            self._pending.drops.append(old)
+            self._pending_drops.add(old)
+            self.evictions += 1
 
     def take(self, hashes: list[int]) -> list[tuple[int, ...]]:
         """Their tokens, for hashes (found by `holds`) about to be restored; each then gets a

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from workers.messages.kv_blocks import KvBlockData
+
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
@@ -43,7 +45,16 @@ class AllBlocksCleared:
     """The prefix cache is empty (a reset, or the start of a snapshot)."""
 
 
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+@dataclass(frozen=True, slots=True)
+class BlocksExported:
+    """Blocks the engine copied out for the cluster tier (`CacheConfig.kv_share`): not a
+    change of the prefix cache, so a router's mirror ignores it; the replica publishes
+    them (cluster/replica/kv_share.py)."""
+
+    blocks: tuple[KvBlockData, ...]
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared | BlocksExported
 
 DEFAULT_MAX_PENDING = 65536
 
@@ -76,6 +87,10 @@ class KvEventRecorder:
     def removed(self, block_hashes: list[int]) -> None:
         if block_hashes:
             self._add(BlockRemoved(tuple(block_hashes)), len(block_hashes))
+
+    def exported(self, blocks: list[KvBlockData]) -> None:
+        if blocks:
+            self._add(BlocksExported(tuple(blocks)), len(blocks))
 
     def cleared(self) -> None:
         # Everything before a clear no longer matters to a reader.

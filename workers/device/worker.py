@@ -34,6 +34,7 @@ from workers.device.triton_inputs import (
     prepare_triton_inputs,
     table_width,
 )
+from workers.kv_layout import kv_block_bytes
 from workers.messages.step import GrammarBitmask, StepInput, StepOutput
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,6 @@ _CPU_DEFAULT_KV_BYTES = 1 << 30
 # How often the driver reports the experts' loads (EngineStats.moe_expert_tokens): a host
 # sync, so not every step; metrics are scraped every few seconds anyway.
 EXPERT_REPORT_S = 1.0
-
-
-def kv_bytes_per_block(config: EngineConfig, tp: TPGroup) -> int:
-    return config.kv_block_bytes(tp.size)
 
 
 class Worker:
@@ -141,7 +138,7 @@ class Worker:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def available_kv_blocks(self) -> int:
-        per_block = kv_bytes_per_block(self.config, self.tp)
+        per_block = kv_block_bytes(self.config, self.tp.size)
         budget = self.config.cache.kv_cache_memory_bytes
         if budget is None:
             if self.device.type == "cuda":
@@ -164,7 +161,7 @@ class Worker:
             for _ in range(m.num_layers)
         ]
         if self.config.cache.kv_offload_gib > 0:
-            self.kv_offload = KvOffload(self.kv_caches, self.device)
+            self.kv_offload = KvOffload(self.kv_caches, self.device, self.tp.rank)
         if self.triton_block_q:
             self._init_step_buffers(num_blocks)
 

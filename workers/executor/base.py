@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workers.config import EngineConfig
 from workers.executor.pending import PendingStep
@@ -25,6 +25,8 @@ class Executor(Protocol):
     def info(self) -> dict[str, str]: ...
     def check_health(self) -> None: ...
     def shutdown(self) -> None: ...
+    # Per rank, the launched step's exported KV blocks among `hashes` (hash -> bytes).
+    def take_kv_exports(self, hashes: list[int]) -> list[dict[int, Any]]: ...
 
 
 class InProcessExecutor:
@@ -56,6 +58,9 @@ class InProcessExecutor:
 
     def check_health(self) -> None:
         return None
+
+    def take_kv_exports(self, hashes: list[int]) -> list[dict[int, Any]]:
+        return [self.worker.kv_offload.take_exports(hashes)]
 
     def timing(self) -> dict[str, float]:
         return {**self.worker.timing(), "wall_s": self.worker.execute_s}

@@ -84,6 +84,9 @@ class RankWorker:
     def ping(self) -> int:
         return self.rank
 
+    def take_kv_exports(self, hashes: list[int]) -> dict:
+        return self.worker.kv_offload.take_exports(hashes)
+
 
 class RankFailedError(RuntimeError):
     pass
@@ -212,6 +215,9 @@ class RayExecutor:
 
     def param_bytes(self) -> list[int]:
         return self._get([a.param_bytes.remote() for a in self.actors], "param_bytes")
+
+    def take_kv_exports(self, hashes: list[int]) -> list[dict]:
+        return self._get([a.take_kv_exports.remote(hashes) for a in self.actors], "KV export")
 
     def check_health(self) -> None:
         if self._dead is not None:

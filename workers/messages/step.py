@@ -50,16 +50,23 @@ class GrammarBitmask:
 @dataclass
 class KvTransfers:
     """The host KV tier's copies for this step (workers/core/host_tier.py), which each rank
-    applies to its own shard before the forward, in this order: `saves` copy device blocks
-    (as earlier steps left them) to the host pool under their hash, `loads` copy pooled
-    blocks into device blocks (the pool keeps them), `drops` leave the pool."""
+    applies to its own shard before the forward, in this order: `saves` (and `exports`) copy
+    device blocks (as earlier steps left them) to the host pool under their hash, `imports`
+    enter the pool, `loads` copy pooled blocks into device blocks (the pool keeps them),
+    `drops` leave the pool."""
 
     saves: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)
     loads: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)
     drops: list[int] = field(default_factory=list)  # block hashes
+    # The cluster tier (workers/core/kv_share.py): `exports` copy device blocks (read with
+    # the saves) to the host for another replica, taken by the executor's
+    # `take_kv_exports`; `imports` put blocks pulled from another replica into the pool
+    # (after the saves, before the loads), each rank taking its own shard.
+    exports: list[tuple[int, int]] = field(default_factory=list)  # (block hash, block id)
+    imports: list[tuple[int, tuple[np.ndarray, ...]]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.saves or self.loads or self.drops)
+        return bool(self.saves or self.loads or self.drops or self.exports or self.imports)
 
 
 @dataclass

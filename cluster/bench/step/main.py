@@ -293,8 +293,7 @@ def _engine(s: StepSettings, model_dir: Path) -> tuple[Any, int]:
     budget that takes the prefill in one chunk); returns it and the prefill's length."""
     from workers.config import EngineArgs
     from workers.core.engine import LLMEngine
-    from workers.device.distributed import SINGLE
-    from workers.device.worker import kv_bytes_per_block
+    from workers.kv_layout import kv_block_bytes
 
     args = EngineArgs(
         model=str(model_dir),
@@ -324,7 +323,7 @@ def _engine(s: StepSettings, model_dir: Path) -> tuple[Any, int]:
         max(b * -(-(s.context + _max_tokens(s, b, budget)) // bs) for b in s.batch_sizes),
         -(-(prefill + 1) // bs),
     )
-    per_block = kv_bytes_per_block(probe, SINGLE)
+    per_block = kv_block_bytes(probe, 1)
     kv_bytes = int(blocks * 1.1 + 16) * per_block
     # max_model_len as long as the cases need, so the small cache does not cap it (a warning).
     args = replace(

@@ -169,7 +169,6 @@ def weight_bytes_read(worker: Any, tokens: int) -> int:
 
 
 def kv_bytes_per_token(engine: Any) -> float:
-    from workers.device.distributed import SINGLE
-    from workers.device.worker import kv_bytes_per_block
+    from workers.kv_layout import kv_block_bytes
 
-    return kv_bytes_per_block(engine.config, SINGLE) / engine.config.cache.block_size
+    return kv_block_bytes(engine.config, 1) / engine.config.cache.block_size

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from workers.core.block_manager import BlockManager
 from workers.core.host_tier import HostTier
 from workers.core.request import Seq
+from workers.kv_layout import kv_block_bytes
 from workers.lora.request import LoRARequest
 from workers.messages.step import KvTransfers
 from workers.sampling_params import SamplingParams
@@ -128,7 +129,7 @@ def test_for_engine_sizes_over_all_ranks(demo_dir) -> None:  # noqa: ANN001
 
     config = EngineArgs(model=str(demo_dir), kv_offload_gib=1 / 1024).create_config()
     tier = HostTier.for_engine(config)
-    assert tier.block_bytes == config.kv_block_bytes(1) and tier.capacity_bytes <= 1 << 20
+    assert tier.block_bytes == kv_block_bytes(config, 1) and tier.capacity_bytes <= 1 << 20
     assert tier.capacity_blocks == (1 << 20) // tier.block_bytes
     zero = replace(config.cache, kv_offload_gib=0)
     assert HostTier.for_engine(replace(config, cache=zero)) is None

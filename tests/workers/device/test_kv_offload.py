@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from workers.device.kv_offload import KvOffload
+from workers.kv_layout import kv_block_bytes
 from workers.messages.step import KvTransfers
 
 LAYERS, BLOCKS, BS, HEADS, DIM = 3, 6, 4, 2, 8
@@ -71,7 +72,7 @@ def test_one_step_saves_before_it_loads_then_drops(device: str) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_config_block_bytes_match_the_cache_tensors(demo_dir, dtype: str, tp: int) -> None:  # noqa: ANN001
-    """The engine sizes the tier without torch (EngineConfig.kv_block_bytes): the same bytes
+    """The engine sizes the tier without torch (workers.kv_layout.kv_block_bytes): the same bytes
     as a block of the cache tensors a rank allocates."""
     from workers.config import EngineArgs
 
@@ -81,4 +82,4 @@ def test_config_block_bytes_match_the_cache_tensors(demo_dir, dtype: str, tp: in
         (2, m.num_layers, config.cache.block_size, m.kv_heads_per_rank(tp), m.head_dim),
         dtype=config.torch_dtype,
     )
-    assert config.kv_block_bytes(tp) == block.numel() * block.element_size()
+    assert kv_block_bytes(config, tp) == block.numel() * block.element_size()

@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
     from ray.util.metrics import Counter
 
+# -- placement ----------------------------------------------------------------------------------
+
+# Ray's built-in resource of the head node (`node:__internal_head__`): a sliver of it pins an
+# actor there (the LoRA registry, the KV directory, the gRPC ingress).
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+# The Ray namespace of kvray's own detached actors, found by name from any replica.
+KVRAY_NAMESPACE = "kvray"
+
 # -- metrics ------------------------------------------------------------------------------------
 
 

@@ -301,6 +301,7 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
 
     from cluster.deploy.liveness import liveness_app_name
     from cluster.ingress.lora_registry import delete_registry
+    from cluster.replica.kv_directory import delete_directory
 
     if not ray.is_initialized():
         return
@@ -313,6 +314,7 @@ def shutdown(address: str | None, drain_timeout_s: float) -> None:
                 _drain(START_ABORT_TIMEOUT_S)  # a replica still loading stops when Serve kills it
             serve.delete(liveness_app_name(APP_NAME))
             delete_registry(APP_NAME)  # its runtime LoRA adapters (a detached actor)
+            delete_directory(APP_NAME)  # its cluster KV tier's objects (a detached actor)
         elif drain_timeout_s <= 0 or _drain(drain_timeout_s):
             serve.shutdown()  # no replicas left (once drained): stops the rest at once
     except Exception as err:  # shutting down anyway

@@ -65,6 +65,14 @@ class EngineSettings:
         MODEL_GROUP,
         engine=True,
     )
+    # cluster/replica/kv_share.py: KV blocks shared between replicas in Ray's object store.
+    kv_share_gib: float = setting(
+        0.0,
+        "GiB of Ray's object store in which the replicas share the KV blocks they compute: "
+        "a replica pulls a prompt's blocks from a peer instead of recomputing them when "
+        "pulling is faster (0: off; needs --kv-offload-gib, where pulled blocks land)",
+        MODEL_GROUP,
+    )
     max_num_seqs: int = setting(
         DEFAULT_MAX_NUM_SEQS, "sequences per engine step", MODEL_GROUP, engine=True
     )
@@ -145,8 +153,16 @@ class EngineSettings:
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens"):
             v = getattr(self, name)
             need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 or null", v)
-        v = self.kv_offload_gib
-        need(is_num(v) and v >= 0, "kv_offload_gib", "must be a number >= 0", v)
+        for name in ("kv_offload_gib", "kv_share_gib"):
+            v = getattr(self, name)
+            need(is_num(v) and v >= 0, name, "must be a number >= 0", v)
+        if is_num(self.kv_share_gib) and self.kv_share_gib > 0:
+            need(
+                self.kv_offload_gib > 0 and self.enable_prefix_caching is not False,
+                "kv_share_gib",
+                "needs kv_offload_gib > 0 (pulled blocks land in the host tier) and prefix caching",
+                self.kv_share_gib,
+            )
         for name in ("grammar_timeout_s", "step_timeout_s"):
             v = getattr(self, name)
             need(is_num(v) and v > 0, name, "must be a number > 0", v)

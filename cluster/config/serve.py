@@ -105,8 +105,10 @@ class ServeConfig:
             "served_model_name": e.model_name(),
             "device": None if e.device == "auto" else e.device,
             **e.engine_args(),
-            # Engines record prefix-cache events only for the router that reads them.
-            "kv_events": self.replicas.request_router == "kv_events",
+            # Engines record prefix-cache events only for the router that reads them, or
+            # the cluster KV tier, whose exported blocks ride with them.
+            "kv_events": self.replicas.request_router == "kv_events" or e.kv_share_gib > 0,
+            "kv_share": e.kv_share_gib > 0,
             **self.lora.engine_args(),
         }
 

@@ -47,11 +47,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-NAMESPACE = "kvray"
+from cluster.ray_internals import HEAD_NODE_RESOURCE, KVRAY_NAMESPACE
+
+NAMESPACE = KVRAY_NAMESPACE
 NAME_PREFIX = "lora-registry/"
-# Ray's built-in resource of the head node (also cluster/grpc_api/ingress.py's): a sliver of
-# it pins the actor there.
-HEAD_NODE_RESOURCE = "node:__internal_head__"
 # Static adapters' ids are in [STATIC_ID_BASE, 2 * STATIC_ID_BASE); runtime ids are below it
 # (a counter from N + 1, or from the clock's microseconds, about 2**51, after a restart).
 STATIC_ID_BASE = 2**62

@@ -25,7 +25,13 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from workers.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from workers.core.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlocksExported,
+    BlockStored,
+    KvEvent,
+)
 
 if TYPE_CHECKING:
     from cluster.config import ServeConfig
@@ -71,6 +77,8 @@ class KvPublisher:
         """The engine's listener (AsyncEngine.kv_listener): called on its core's thread."""
         with self._lock:
             for ev in events:
+                if isinstance(ev, BlocksExported):  # the cluster tier's (kv_share.py)
+                    continue
                 if isinstance(ev, BlockStored):
                     for h in ev.block_hashes:
                         self._mirror[h] = None

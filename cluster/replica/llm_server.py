@@ -42,6 +42,7 @@ from cluster.replica.deadline import with_deadline
 from cluster.replica.engine_restart import EngineSupervisor
 from cluster.replica.engine_spans import replica_spans
 from cluster.replica.kv_publish import kv_publisher
+from cluster.replica.kv_share import replica_kv_share
 from cluster.replica.queued_tokens import QueuedTokens
 from cluster.replica.replica_process import node_id, replica_name, use_reserved_cpus
 from cluster.replica.tenant_share import TenantShare
@@ -104,6 +105,10 @@ class LLMServer:
         self._supervise_task = asyncio.get_running_loop().create_task(self._supervisor.run())
         # KV events for the kv_events router, through routing stats (None: another router).
         self._kv = kv_publisher(config, self._engine)
+        # The cluster KV tier (cluster/replica/kv_share.py; None: off).
+        self._kv_share = replica_kv_share(config, args, self._metrics.kv_share)
+        if self._kv_share is not None:
+            self._kv_share.listen(self._engine)
         import torch
 
         # torch threads follow the CPUs this replica reserves (num_cpus_per_replica).
@@ -122,6 +127,8 @@ class LLMServer:
     def _engine_restarted(self, engine: Any) -> None:
         # A new engine has an empty cache: a new KV-event epoch tells the routers so.
         self._kv = kv_publisher(self._config, engine)
+        if self._kv_share is not None:
+            self._kv_share.listen(engine)
 
     @property
     def max_model_len(self) -> int:
@@ -177,6 +184,8 @@ class LLMServer:
         span = spans.start(request, queued) if spans is not None else None
         finished = cancelled = False
         try:
+            if self._kv_share is not None:  # a peer's blocks of its prompt, when worth it
+                inp = await self._kv_share.attach(inp)
             stream = self._engine.generate_input(inp, request.request_id, queue_timeout_s)
             if self._config.limits.request_timeout_s is not None:
                 stream = with_deadline(stream, self._config.limits.request_timeout_s)
@@ -201,6 +210,8 @@ class LLMServer:
                                 f"({self._config.engine.grammar_timeout_s:g} s)",
                             )
                         self._metrics.observe_finished(out, inp.lora)
+                        if self._kv_share is not None:
+                            self._kv_share.observe_finished(out)
                         if spans is not None and span is not None:
                             spans.finished(span, out)
                     yield out

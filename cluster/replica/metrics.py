@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.ray_internals import record_zero
 from cluster.replica.cumulative import CumulativeCounters
 from cluster.replica.kv_offload_metrics import KvOffloadMetrics
+from cluster.replica.kv_share_metrics import KvShareMetrics
 from cluster.replica.lora_metrics import LoraMetrics
 from cluster.replica.moe_metrics import MoeMetrics
 from workers.core.stats import new_compile_seconds
@@ -174,6 +175,8 @@ class EngineMetrics:
         self.moe = MoeMetrics(tags, counter, gauge)
         # The host KV tier (cluster/replica/kv_offload_metrics.py).
         self.kv_offload = KvOffloadMetrics(tags, counter, gauge)
+        # The cluster KV tier (cluster/replica/kv_share_metrics.py).
+        self.kv_share = KvShareMetrics(tags, counter, histogram)
 
         for c in (
             self._preemptions,

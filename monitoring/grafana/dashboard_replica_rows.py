@@ -156,6 +156,26 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 "that a later prompt can get back without computing them.",
                 (Target(f"max by (replica) (ray_kvray_kv_offload_blocks{{{MR}}})", "{{replica}}"),),
             ),
+            Panel(
+                "Cluster KV tier pulls",
+                "The cluster KV tier (--kv-share-gib), all replicas, per second: requests by pull "
+                "decision (pulled from a peer, recompute when computing was cheaper, miss when "
+                "nothing was published, failed), prompt tokens pulled instead of computed, and "
+                "KV blocks published, dropped unpublished and refused by a check.",
+                (
+                    Target(rate("ray_kvray_kv_share_pulls_total", M, by="outcome"), "{{outcome}}"),
+                    Target(rate("ray_kvray_kv_share_pulled_tokens_total", M), "pulled tokens"),
+                    Target(rate("ray_kvray_kv_share_published_blocks_total", M), "published"),
+                    Target(rate("ray_kvray_kv_share_dropped_blocks_total", M), "dropped"),
+                    Target(rate("ray_kvray_kv_share_refused_blocks_total", M), "refused"),
+                ),
+            ),
+            Panel(
+                "Cluster KV tier pull time",
+                "Seconds a pull from the cluster KV tier took (lookup, transfer and checks).",
+                quantiles("ray_kvray_kv_share_pull_seconds", M, (0.5, 0.99)),
+                unit="s",
+            ),
         ),
     ),
     Row(

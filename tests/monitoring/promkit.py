@@ -41,6 +41,12 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_kv_offload_copies_out_total": "counter",
     "kvray_kv_offload_copies_in_total": "counter",
     "kvray_kv_offload_evictions_total": "counter",
+    "kvray_kv_share_pulls_total": "counter",
+    "kvray_kv_share_pulled_tokens_total": "counter",
+    "kvray_kv_share_published_blocks_total": "counter",
+    "kvray_kv_share_dropped_blocks_total": "counter",
+    "kvray_kv_share_refused_blocks_total": "counter",
+    "kvray_kv_share_pull_seconds": "histogram",
     "kvray_request_success_total": "counter",
     "kvray_time_to_first_token_seconds": "histogram",
     "kvray_inter_token_latency_seconds": "histogram",
@@ -90,6 +96,7 @@ EVENT_METRICS = {
     "kvray_migration_resume_seconds",
     "kvray_moe_expert_tokens_total",
     "kvray_moe_expert_load_imbalance_ratio",
+    "kvray_kv_share_pull_seconds",  # a pull from the cluster KV tier (off by default)
 }
 
 T = TypeVar("T")

@@ -26,7 +26,21 @@ def test_engine_settings_are_engine_args_of_the_same_name() -> None:
     assert passed and set(passed) <= engine_args
     # Every other setting of the section reaches the engine some other way (engine_kwargs).
     others = {f.name for f, s in declared(EngineSettings) if not s.engine}
-    assert others == {"model", "served_model_name", "device"}
+    assert others == {"model", "served_model_name", "device", "kv_share_gib"}
+
+
+def test_kv_share_reaches_the_engine_as_kv_share_and_kv_events() -> None:
+    on = ServeConfig.from_flat(kv_share_gib=1, kv_offload_gib=1).engine_kwargs("/m")
+    assert on["kv_share"] and on["kv_events"]
+    off = ServeConfig.from_flat(kv_offload_gib=1).engine_kwargs("/m")
+    assert not off["kv_share"] and not off["kv_events"]
+
+
+def test_kv_share_needs_the_host_tier() -> None:
+    with pytest.raises(ValueError, match=r"^kv_share_gib needs kv_offload_gib > 0"):
+        EngineSettings(kv_share_gib=1)
+    with pytest.raises(ValueError, match=r"^kv_share_gib must be a number >= 0"):
+        EngineSettings(kv_share_gib=-1, kv_offload_gib=1)
 
 
 def test_the_section_checks_itself() -> None:

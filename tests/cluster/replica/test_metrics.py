@@ -37,6 +37,7 @@ class MetricsHost:
 
         self.engine = EngineMetrics(model=model, replica=replica)
         self.router, self.tenants = RouterMetrics(), TenantMetrics(["acme"])
+        self.kv_share = self.engine.kv_share
 
     def call(self, target: str, method: str, *args: Any) -> None:
         getattr(getattr(self, target), method)(*args)
@@ -342,6 +343,7 @@ def feed_one_of_everything(host: Host) -> None:
     for call in (("request", "http", "200"), ("routing", "load"), ("rejected", "queue_full")):
         host.call("router", *call)
     host.call("tenants", "queue_time", "acme", 0.01)  # a histogram exists once observed
+    host.call("kv_share", "pulled", 32, 0.004)
 
 
 def all_families(s: Scrape) -> bool:

@@ -1,0 +1,268 @@
+"""The replica's side of the cluster KV tier (`--kv-share-gib`): it publishes the KV blocks
+its engine computes to Ray's object store, and pulls the blocks of a prompt a peer computed
+when that is cheaper than computing them.
+
+Publish: the engine exports every full block it computes, once (workers/core/kv_share.py),
+and hands the copies over with its KV events (`BlocksExported`). A thread here sends them to
+this node's store actor (cluster/replica/kv_store.py), which puts them into Ray's object
+store (owning them, so they outlive this replica) and announces them to the application's
+directory (cluster/replica/kv_directory.py, which bounds the store). Nothing waits on it:
+when the store or the queue is full, blocks are dropped (counted) and peers recompute.
+
+Pull: before a request enters the engine, its prompt's block hashes (plus a resumed
+sample's outputs: a migrated request's context) are chained as the engine does. Past the
+run this engine's device cache holds (mirrored from its KV events), the directory says
+which of the following blocks are published; the cost model (cluster/replica/kv_cost.py)
+compares pulling their bytes with computing their tokens, both rates measured here. A pull
+reads the objects (a borrowed reference keeps each alive meanwhile), checks every block
+(layout key, hash, tokens, the chain over its parent and adapter salt; a failure ends the
+run, counted as refused), and the request carries them to the engine
+(`EngineInput.kv_blocks`), which checks them again and restores them from its host tier.
+Anything that goes wrong (a lost object, a dead owner, a timeout) leaves the request as it
+was: it recomputes, never a wrong token. Each decision is logged at debug and counted
+(`kvray_kv_share_pulls_total{outcome}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from cluster.replica.kv_cost import PullCost
+from workers.core.block_hash import chain_hash
+from workers.core.kv_events import AllBlocksCleared, BlockRemoved, BlocksExported, BlockStored
+from workers.messages.kv_blocks import KvBlockData
+
+if TYPE_CHECKING:
+    from cluster.config import ServeConfig
+    from cluster.replica.kv_share_metrics import KvShareMetrics
+    from workers.config import EngineArgs
+    from workers.core.kv_events import KvEvent
+    from workers.inputs import EngineInput
+    from workers.outputs import RequestOutput
+
+logger = logging.getLogger("ray.serve.kvray.kv_share")
+
+GIB = 1 << 30
+# Batches of exported blocks waiting for the publishing thread; more are dropped.
+MAX_QUEUED_BATCHES = 256
+# A lookup or a pull that takes longer than this is abandoned: the request recomputes.
+PULL_TIMEOUT_S = 10.0
+# A batch the node's store has not taken by then counts as dropped.
+PUBLISH_TIMEOUT_S = 30.0
+# Outcomes of a request's pull decision (the metric's `outcome` label).
+OUTCOMES = ("pulled", "recompute", "miss", "failed")
+
+
+class KvShare:
+    def __init__(
+        self,
+        directory: Any,
+        store: Any,
+        layout: str,
+        block_size: int,
+        block_bytes: int,
+        metrics: KvShareMetrics | None = None,
+        cost: PullCost | None = None,
+    ) -> None:
+        self.directory = directory
+        self.store = store  # this node's store actor (cluster/replica/kv_store.py)
+        self.layout = layout
+        self.block_size = block_size
+        self.block_bytes = block_bytes  # one block over every rank
+        self.metrics = metrics
+        self.cost = cost or PullCost()
+        self._lock = threading.Lock()
+        self._mirror: set[int] = set()  # the engine's device-cached hashes
+        self._queue: queue.Queue[tuple[KvBlockData, ...] | None] = queue.Queue(MAX_QUEUED_BATCHES)
+        self._thread = threading.Thread(target=self._publish_forever, daemon=True, name="kv-share")
+        self._thread.start()
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.published = self.dropped = self.refused = self.pulled_blocks = 0
+
+    # -- the engine's events (its core's thread) ---------------------------------------------
+    def on_events(self, events: tuple[KvEvent, ...]) -> None:
+        with self._lock:
+            for ev in events:
+                if isinstance(ev, BlockStored):
+                    self._mirror.update(ev.block_hashes)
+                elif isinstance(ev, BlockRemoved):
+                    self._mirror.difference_update(ev.block_hashes)
+                elif isinstance(ev, AllBlocksCleared):
+                    self._mirror.clear()
+        for ev in events:
+            if isinstance(ev, BlocksExported):
+                try:
+                    self._queue.put_nowait(ev.blocks)
+                except queue.Full:
+                    self._count_dropped(len(ev.blocks))
+
+    def listen(self, engine: Any) -> None:
+        """Follows `engine`'s KV events, after the listener it has (the router's publisher,
+        cluster/replica/kv_publish.py), and forgets the last engine's cache."""
+        with self._lock:
+            self._mirror.clear()
+        before = engine.kv_listener
+
+        def both(events: tuple[KvEvent, ...]) -> None:
+            if before is not None:
+                before(events)
+            self.on_events(events)
+
+        engine.kv_listener = both
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _publish_forever(self) -> None:
+        import ray
+
+        while (blocks := self._queue.get()) is not None:
+            try:  # waits, so that at most one batch is on its way to the store
+                n = ray.get(
+                    self.store.put.remote(self.layout, list(blocks)), timeout=PUBLISH_TIMEOUT_S
+                )
+            except Exception as err:  # noqa: BLE001 - the store actor gone, slow: peers recompute
+                logger.debug("%d KV blocks not published: %s", len(blocks), err)
+                n = 0
+            self.published += n
+            if self.metrics is not None and n:
+                self.metrics.published(n)
+            if n < len(blocks):
+                self._count_dropped(len(blocks) - n)
+
+    def _count_dropped(self, n: int) -> None:
+        self.dropped += n
+        if self.metrics is not None:
+            self.metrics.dropped(n)
+
+    # -- pulls (the replica's event loop) ----------------------------------------------------
+    def _context(self, inp: EngineInput) -> list[int]:
+        """The tokens whose KV the request starts from: the prompt, and a lone resumed
+        sample's outputs (a migrated request continues from both)."""
+        ids = list(inp.prompt_token_ids)
+        if len(inp.resume) == 1:
+            ids += inp.resume[0].output_token_ids
+        return ids
+
+    async def attach(self, inp: EngineInput) -> EngineInput:
+        """`inp`, with the published blocks of its prompt when pulling them is cheaper than
+        computing them; `inp` as it is otherwise (module doc)."""
+        if inp.params.needs_every_prompt_position or len(inp.resume) > 1:
+            return inp
+        ids, bs = self._context(inp), self.block_size
+        salt = None if inp.lora is None else inp.lora.lora_int_id
+        hashes: list[int] = []
+        for i in range((len(ids) - 1) // bs):
+            hashes.append(
+                chain_hash(hashes[-1] if i else None, tuple(ids[i * bs : (i + 1) * bs]), salt)
+            )
+        with self._lock:
+            local = next((i for i, h in enumerate(hashes) if h not in self._mirror), len(hashes))
+        if local == len(hashes):
+            return inp  # all on the device already (or no full block)
+        t0 = time.perf_counter()
+        try:
+            found = await asyncio.wait_for(
+                self.directory.lookup.remote(self.layout, hashes[local:]), PULL_TIMEOUT_S
+            )
+        except Exception as err:  # noqa: BLE001 - the directory restarting, gone: recompute
+            return self._decided(inp, "failed", f"lookup failed: {err}")
+        if not found:
+            return self._decided(inp, "miss", f"{len(hashes) - local} blocks not published")
+        tokens, nbytes = len(found) * bs, len(found) * self.block_bytes
+        if not self.cost.worth_pulling(tokens, nbytes):
+            why = (
+                f"pull {len(found)} blocks ~{self.cost.pull_seconds(nbytes) * 1e3:.1f} ms >= "
+                f"compute {tokens} tokens ~{self.cost.compute_seconds(tokens) * 1e3:.1f} ms"
+            )
+            return self._decided(inp, "recompute", why)
+        try:
+            payloads = await asyncio.wait_for(
+                asyncio.gather(*(ref for (ref,) in found)), PULL_TIMEOUT_S
+            )
+        except Exception as err:  # noqa: BLE001 - lost with its node, evicted, timed out
+            return self._decided(inp, "failed", f"pull of {len(found)} blocks failed: {err}")
+        blocks = self._checked(payloads, hashes[local:], ids, local, salt)
+        seconds = time.perf_counter() - t0
+        if not blocks:
+            return self._decided(inp, "failed", "no pulled block passed its checks")
+        pulled = sum(b.num_bytes for b in blocks)
+        self.cost.observe_pull(pulled, seconds)
+        self.pulled_blocks += len(blocks)
+        if self.metrics is not None:
+            self.metrics.pulled(len(blocks) * bs, seconds)
+        why = f"{len(blocks)} blocks ({pulled} bytes) in {seconds * 1e3:.1f} ms"
+        return self._decided(replace(inp, kv_blocks=tuple(blocks)), "pulled", why)
+
+    def _checked(
+        self, payloads: list, hashes: list[int], ids: list[int], start: int, salt: int | None
+    ) -> list[KvBlockData]:
+        """The pulled blocks up to the first that fails a check (counted as refused)."""
+        bs, out = self.block_size, []
+        for k, (layout, b) in enumerate(payloads):
+            i = start + k
+            ok = (
+                layout == self.layout
+                and isinstance(b, KvBlockData)
+                and b.block_hash == hashes[k]
+                and b.salt == salt
+                and b.token_ids == tuple(ids[i * bs : (i + 1) * bs])
+                and b.num_bytes == self.block_bytes
+                and chain_hash(b.parent_hash, b.token_ids, b.salt) == b.block_hash
+            )
+            if not ok:
+                self.refused += 1
+                if self.metrics is not None:
+                    self.metrics.refused(1)
+                logger.warning("refused a pulled KV block (position %d): it fails a check", i)
+                break
+            out.append(b)
+        return out
+
+    def _decided(self, inp: EngineInput, outcome: str, why: str) -> EngineInput:
+        self.outcomes[outcome] += 1
+        if self.metrics is not None:
+            self.metrics.decided(outcome)
+        logger.debug("KV pull decision: %s (%s)", outcome, why)
+        return inp
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        """A finished request's prefill rate, for the cost model."""
+        m = out.metrics
+        if m is None or m.first_token_time is None or m.first_scheduled_time is None:
+            return
+        computed = m.num_prompt_tokens - m.num_cached_tokens
+        self.cost.observe_prefill(computed, m.first_token_time - m.first_scheduled_time)
+
+
+def replica_kv_share(config: ServeConfig, args: EngineArgs, metrics: Any) -> KvShare | None:
+    """The replica's side of the tier, with its application's directory; None when off."""
+    gib = config.engine.kv_share_gib
+    if not gib:
+        return None
+    from ray import serve
+
+    from cluster.replica.kv_directory import directory_actor
+    from cluster.replica.kv_store import node_store
+    from workers.kv_layout import kv_block_bytes, kv_layout_key
+
+    engine = args.create_config()
+    tp = engine.parallel.tensor_parallel_size
+    app = serve.get_replica_context().app_name
+    directory = directory_actor(app, int(gib * GIB))
+    share = KvShare(
+        directory,
+        node_store(app, directory),
+        kv_layout_key(engine),
+        engine.cache.block_size,
+        kv_block_bytes(engine, tp) * tp,
+        metrics,
+    )
+    logger.info("cluster KV tier on: %g GiB shared in the object store (app %s)", gib, app)
+    return share

@@ -1,0 +1,195 @@
+"""The cluster KV tier on a real Ray instance: two engines in two actors (the replicas'
+side of the tier without Serve around it), the application's directory actor owning what
+they publish in Ray's object store. A replica that never saw a prompt pulls its blocks from
+the store and answers with the tokens of the replica that computed them; the objects
+outlive their publisher; a block of another layout is never pulled; a lost directory or an
+evicted object means recomputing, never a wrong token; the store stays within its budget."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cluster.replica.kv_cost import PullCost
+from cluster.replica.kv_directory import KvDirectory, delete_directory, directory_actor
+from tests.cluster.serve_helpers import RaySession
+
+MAX_TOKENS = 8
+
+
+class Replica:
+    """An engine and the replica's side of the tier, as LLMServer holds them."""
+
+    async def __init__(self, demo_dir: str) -> None:
+        from workers import AsyncEngine, EngineArgs
+
+        args = EngineArgs(model=demo_dir, kv_offload_gib=1 / 64, kv_events=True, kv_share=True)
+        self.config = args.create_config()
+        self.engine = AsyncEngine(self.config)
+        self.share = None
+
+    def use(self, app: str, capacity: int, layout: str | None = None) -> None:
+        """Joins application `app`'s tier (a test's own directory)."""
+        from cluster.replica.kv_share import KvShare
+        from cluster.replica.kv_store import node_store
+        from workers.kv_layout import kv_block_bytes, kv_layout_key
+
+        directory = directory_actor(app, capacity)
+        # A slow prefill in the cost model: pulling always wins here (the cost model has its
+        # own tests); the choice the test checks is the tier's, not the clock's.
+        self.share = KvShare(
+            directory,
+            node_store(app, directory),
+            layout or kv_layout_key(self.config),
+            self.config.cache.block_size,
+            kv_block_bytes(self.config, 1),
+            cost=PullCost(prefill_tokens_per_s=1.0),
+        )
+        self.engine.kv_listener = None
+        self.share.listen(self.engine)
+
+    async def generate(self, prompt: list[int], rid: str) -> dict[str, Any]:
+        from workers import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        inp = self.engine.input_checker.request(params).prompt(prompt, self.engine.tokenizer)
+        before = dict(self.share.outcomes)
+        inp = await self.share.attach(inp)
+        out = [o async for o in self.engine.generate_input(inp, rid)][-1]
+        return {
+            "tokens": list(out.outputs[0].token_ids),
+            "cached": out.num_cached_tokens,
+            "pulled": len(inp.kv_blocks),
+            "outcome": next((k for k, v in self.share.outcomes.items() if v != before[k]), None),
+        }
+
+    def published(self) -> int:
+        return self.share.published
+
+
+@pytest.fixture(scope="module")
+def replicas(ray_session: RaySession, demo_dir: Any) -> Iterator[tuple[Any, Any]]:
+    """Two engine replicas, shared by the tests (each with prompts of its own)."""
+    import ray
+
+    a, b = (ray.remote(num_cpus=0)(Replica).remote(str(demo_dir)) for _ in range(2))
+    yield a, b
+    for r in (a, b):
+        ray.kill(r)
+
+
+@pytest.fixture
+def app(ray_session: RaySession, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"kv-share-test-{request.node.name}"
+    yield name
+    delete_directory(name)
+
+
+def _use(replicas: tuple[Any, ...], app: str, capacity: int = 1 << 26, layout: str | None = None):  # noqa: ANN202
+    import ray
+
+    ray.get([r.use.remote(app, capacity, layout) for r in replicas])
+    return replicas
+
+
+def _prompt(k: int) -> list[int]:
+    """A test's own prompt: 6 full blocks of 16, and 4 tokens (no cache sees another's)."""
+    return [10 + 100 * k + i for i in range(100)]
+
+
+def _published(replica: Any, n: int) -> None:
+    """Waits for the replica's thread to publish n blocks (hang guard: 30 s)."""
+    import ray
+
+    deadline = time.monotonic() + 30
+    while ray.get(replica.published.remote()) < n:
+        assert time.monotonic() < deadline, "the blocks were never published"
+        time.sleep(0.05)
+
+
+def test_another_layout_is_never_pulled(replicas, app) -> None:  # noqa: ANN001
+    import ray
+
+    a, other = replicas
+    _use((a,), app)
+    _use((other,), app, layout="another-checkpoint|torch.float32|tp1")
+    prompt = _prompt(1)
+    first = ray.get(a.generate.remote(prompt, "l-a"))
+    _published(a, 6)
+    second = ray.get(other.generate.remote(prompt, "l-o"))
+    assert second["tokens"] == first["tokens"]
+    assert second["pulled"] == 0 and second["outcome"] == "miss"
+
+
+def test_a_lost_directory_means_recompute(replicas, app) -> None:  # noqa: ANN001
+    """The directory (the last reference to every block) dies after the blocks were
+    published: it comes back empty, the objects are freed; the peer recomputes, with the
+    same tokens."""
+    import ray
+
+    from cluster.ray_internals import KVRAY_NAMESPACE
+    from cluster.replica.kv_directory import directory_name
+
+    a, b = _use(replicas, app)
+    prompt = _prompt(2)
+    first = ray.get(a.generate.remote(prompt, "d-a"))
+    _published(a, 6)
+    ray.kill(ray.get_actor(directory_name(app), namespace=KVRAY_NAMESPACE), no_restart=False)
+    second = ray.get(b.generate.remote(prompt, "d-b"))
+    assert second["tokens"] == first["tokens"]
+    assert second["pulled"] == 0 and second["cached"] == 0
+    assert second["outcome"] in ("miss", "failed")
+
+
+def test_the_store_keeps_to_its_budget(replicas, app, demo_dir) -> None:  # noqa: ANN001
+    """A budget of 4 blocks: the oldest are dropped (and freed); a peer pulls the run from
+    its start, which is nothing once the first block is gone."""
+    import ray
+
+    from workers import EngineArgs
+    from workers.kv_layout import kv_block_bytes
+
+    per_block = kv_block_bytes(EngineArgs(model=str(demo_dir)).create_config(), 1)
+    a, b = _use(replicas, app, capacity=4 * per_block)
+    prompt = _prompt(3)
+    first = ray.get(a.generate.remote(prompt, "s-a"))
+    _published(a, 6)
+    stats = ray.get(directory_actor(app, 4 * per_block).stats.remote())
+    assert stats["blocks"] == 4 and stats["bytes"] <= 4 * per_block and stats["evicted"] == 2
+    second = ray.get(b.generate.remote(prompt, "s-b"))
+    assert second["tokens"] == first["tokens"]
+    assert second["pulled"] == 0 and second["outcome"] == "miss"
+
+
+def test_a_peer_pulls_what_a_dead_replica_computed(replicas, app) -> None:  # noqa: ANN001
+    """Last: it kills replica A. Its blocks stay, owned by its node's store actor."""
+    import ray
+
+    a, b = _use(replicas, app)
+    prompt = _prompt(4)
+    first = ray.get(a.generate.remote(prompt, "p-a"))
+    assert first["pulled"] == 0 and first["outcome"] == "miss"
+    _published(a, 6)
+    ray.kill(a)
+    second = ray.get(b.generate.remote(prompt, "p-b"))
+    assert second["tokens"] == first["tokens"]
+    assert second["pulled"] == 6 and second["cached"] == 96 and second["outcome"] == "pulled"
+    # B holds the prefix now: nothing to pull (its own device cache answers).
+    again = ray.get(b.generate.remote(prompt + [8], "p-b2"))
+    assert again["pulled"] == 0 and again["cached"] == 96 and again["outcome"] is None
+
+
+def test_the_directory_keeps_lru_order_and_layouts_apart() -> None:
+    """The directory's bookkeeping alone (no Ray: plain objects stand in for the refs)."""
+    d = KvDirectory(capacity_bytes=30)
+    assert d.publish("L", [(1, ["r1"], 10), (2, ["r2"], 10), (3, ["r3"], 10)]) == 3
+    assert d.lookup("L", [1, 2]) == [["r1"], ["r2"]]  # 1 and 2 are now the most recent
+    assert d.lookup("M", [1]) == []  # another layout
+    assert d.publish("L", [(4, ["r4"], 10)]) == 1  # evicts 3, the least recently used
+    assert d.lookup("L", [3]) == [] and d.lookup("L", [1, 2, 4]) == [["r1"], ["r2"], ["r4"]]
+    assert d.publish("L", [(1, ["other"], 10)]) == 0  # already there: kept
+    assert d.publish("L", [(9, ["big"], 31)]) == 0  # larger than the whole budget
+    assert d.stats()["bytes"] == 30 and d.stats()["evicted"] == 1

@@ -54,7 +54,7 @@ def test_exported_blocks_chain_over_the_prompt(exporter) -> None:  # noqa: ANN00
     # The prompt's 6 full blocks (its 7th fills with outputs only after 12 tokens).
     assert [b.token_ids for b in blocks] == [tuple(PROMPT[i * 16 : (i + 1) * 16]) for i in range(6)]
     assert blocks[0].parent_hash is None
-    assert all(b.parent_hash == a.block_hash for a, b in zip(blocks, blocks[1:]))
+    assert all(b.parent_hash == a.block_hash for a, b in zip(blocks, blocks[1:], strict=False))
     assert all(len(b.shards) == 1 and b.shards[0].dtype == np.uint8 for b in blocks)
 
 

@@ -126,6 +126,35 @@ def test_tp2_host_kv_tier_restores_every_ranks_shard(demo_dir) -> None:
     assert stats.kv_offload_bytes == stats.kv_offload_blocks * 2 * 32768
 
 
+def test_tp2_exports_and_imports_every_ranks_shard(demo_dir) -> None:
+    """The cluster tier at TP=2 (workers/core/kv_share.py): each exported block carries both
+    ranks' shards; after the cache is emptied, the blocks taken back with the request are
+    restored on both ranks, with the tokens of the first run."""
+    from tests.workers.test_kv_share_engine import GREEDY as SHORT
+    from tests.workers.test_kv_share_engine import PROMPT, _exported, _generate_with
+
+    llm = LLM(
+        str(demo_dir),
+        tensor_parallel_size=2,
+        kv_cache_memory_bytes=16 << 20,
+        kv_offload_gib=0.01,
+        kv_events=True,
+        kv_share=True,
+    )
+    try:
+        first = llm.generate([PROMPT], SHORT, use_tqdm=False)[0]
+        blocks = _exported(llm)
+        llm.engine.block_manager.reset_prefix_cache()
+        again = _generate_with(llm, PROMPT, blocks)
+        stats = llm.stats()
+    finally:
+        llm.engine.shutdown()
+    assert len(blocks) == 6 and all(len(b.shards) == 2 for b in blocks)
+    assert all(b.shards[0].nbytes == 32768 for b in blocks)  # half a block on each rank
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert again.num_cached_tokens == 96 and stats.kv_offload_copies_in == 6
+
+
 def test_tp2_constrained_decoding_matches_tp1(demo_dir) -> None:
     """The grammar bitmask travels to the ranks in the step input; rank 0 applies it."""
     from workers.structured import StructuredOutputs

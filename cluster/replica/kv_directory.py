@@ -106,6 +106,8 @@ def directory_actor(app_name: str, capacity_bytes: int) -> Any:
             get_if_exists=True,
             num_cpus=0,
             resources={HEAD_NODE_RESOURCE: 0.001},
+            # Not in the calling replica's placement group, which would capture it.
+            scheduling_strategy="DEFAULT",
             max_restarts=-1,  # restarted empty (module doc)
         )
         .remote(capacity_bytes)

@@ -232,6 +232,19 @@ class KvShare:
         logger.debug("KV pull decision: %s (%s)", outcome, why)
         return inp
 
+    def stats(self) -> dict[str, Any]:
+        """This replica's side of the tier so far (replica_stats: tests, benches)."""
+        return {
+            **self.outcomes,
+            "published": self.published,
+            "dropped": self.dropped,
+            "refused": self.refused,
+            "pulled_blocks": self.pulled_blocks,
+            "pull_bytes_per_s": self.cost.pull_bytes_per_s,
+            "pull_overhead_s": self.cost.pull_overhead_s,
+            "prefill_tokens_per_s": self.cost.prefill_tokens_per_s,
+        }
+
     def observe_finished(self, out: RequestOutput) -> None:
         """A finished request's prefill rate, for the cost model."""
         m = out.metrics

@@ -303,6 +303,7 @@ class LLMServer:
             "engine_pid": self._engine.engine_pid,
             "pid": os.getpid(),
             "node_id": node_id(),
+            **({"kv_share": self._kv_share.stats()} if self._kv_share is not None else {}),
             **dataclasses.asdict(stats),
         }
 

@@ -61,6 +61,10 @@ def _config(**kw: object) -> ServeConfig:
         "kv_cache_memory_bytes": KV_CACHE_BYTES,
         "graceful_shutdown_timeout_s": GRACE_S,
         "api_key_env": "KVRAY_MIGRATION_NO_KEY",  # unset on the cluster: no key required
+        # The cluster KV tier: a moved request pulls the blocks its first replica published
+        # (prompt and outputs so far) where that is cheaper than recomputing them.
+        "kv_offload_gib": 0.05,
+        "kv_share_gib": 0.1,
     }
     return ServeConfig.from_flat(**{**base, **kw})
 
@@ -207,6 +211,11 @@ def test_replica_actor_killed(
 ) -> None:
     victim = _kill_under_load(app, serve_ports, requests, expected, "pid")
     _wait_replaced(app, victim)
+    # The moved requests found the blocks the dead replica published (its node's store
+    # actor owns them): each pulled them or, measured cheaper, recomputed; none failed.
+    share = [s["kv_share"] for s in replica_stats(app, 2).values()]
+    assert sum(s["pulled"] + s["recompute"] for s in share) >= 1, share
+    assert sum(s["failed"] + s["refused"] for s in share) == 0, share
 
 
 def test_replica_removed_by_a_config_update(

@@ -193,3 +193,61 @@ def test_the_directory_keeps_lru_order_and_layouts_apart() -> None:
     assert d.publish("L", [(1, ["other"], 10)]) == 0  # already there: kept
     assert d.publish("L", [(9, ["big"], 31)]) == 0  # larger than the whole budget
     assert d.stats()["bytes"] == 30 and d.stats()["evicted"] == 1
+
+
+def _share(block_bytes: int = 4) -> Any:
+    from cluster.replica.kv_share import KvShare
+
+    return KvShare(None, None, "L", block_size=2, block_bytes=block_bytes)
+
+
+def _chain(ids: list[int], salt: int | None = None) -> list[Any]:
+    """Blocks of 2 tokens over `ids`, as an engine exports them (4 bytes each)."""
+    import numpy as np
+
+    from workers.core.block_hash import chain_hash
+    from workers.messages.kv_blocks import KvBlockData
+
+    out, parent = [], None
+    for i in range(0, len(ids) - 1, 2):
+        tokens = tuple(ids[i : i + 2])
+        h = chain_hash(parent, tokens, salt)
+        out.append(KvBlockData(h, parent, tokens, salt, (np.zeros(4, np.uint8),)))
+        parent = h
+    return out
+
+
+def test_pulled_blocks_are_checked_up_to_the_first_bad_one() -> None:
+    """No Ray: the checks alone. A block of another layout, hash, salt, size or tokens ends
+    the run (counted as refused); the blocks before it are kept."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    good = _chain(ids)
+    hashes = [b.block_hash for b in good]
+    share = _share()
+    assert share._checked([("L", b) for b in good], hashes, ids, 0, None) == good
+    bad = {
+        "layout": ("M", good[1]),
+        "tokens": ("L", replace(good[1], token_ids=(7, 0))),
+        "salt": ("L", _chain(ids, salt=3)[1]),
+        "bytes": ("L", replace(good[1], shards=(np.zeros(8, np.uint8),))),
+        "parent": ("L", replace(good[1], parent_hash=123)),
+    }
+    for why, payload in bad.items():
+        share = _share()
+        got = share._checked([("L", good[0]), payload, ("L", good[2])], hashes, ids, 0, None)
+        assert got == good[:1], why
+        assert share.refused == 1, why
+
+
+def test_the_mirror_follows_the_engines_kv_events() -> None:
+    from workers.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    share = _share()
+    share.on_events((BlockStored((1, 2, 3), None, 2), BlockRemoved((2,))))
+    assert share._mirror == {1, 3}
+    share.on_events((AllBlocksCleared(), BlockStored((4,), None, 2)))
+    assert share._mirror == {4}

@@ -1,0 +1,45 @@
+"""The pull-or-compute cost model: priors that try pulling, rates learned from measurements,
+and the decision following them."""
+
+from __future__ import annotations
+
+from cluster.replica.kv_cost import LARGE_PULL_BYTES, MIN_PREFILL_TOKENS, PullCost
+
+MIB = 1 << 20
+
+
+def test_the_priors_pull_a_long_prefix_and_compute_a_short_one() -> None:
+    cost = PullCost()
+    assert cost.worth_pulling(tokens=1024, nbytes=64 * MIB)
+    assert not cost.worth_pulling(tokens=2, nbytes=64 * 1024)  # its fixed cost dominates
+
+
+def test_slow_pulls_turn_the_decision_to_compute() -> None:
+    cost = PullCost(prefill_tokens_per_s=10_000.0)
+    assert cost.worth_pulling(1024, 64 * MIB)
+    for _ in range(20):
+        cost.observe_pull(64 * MIB, 2.0)  # 32 MiB/s: slower than computing 1024 tokens
+    assert cost.pull_bytes_per_s < 40 * MIB
+    assert not cost.worth_pulling(1024, 64 * MIB)
+    assert cost.pulls_seen == 20
+
+
+def test_small_pulls_learn_the_fixed_cost_not_the_rate() -> None:
+    cost = PullCost()
+    rate = cost.pull_bytes_per_s
+    for _ in range(20):
+        cost.observe_pull(LARGE_PULL_BYTES // 4, 0.05)
+    assert cost.pull_bytes_per_s == rate
+    assert 0.04 < cost.pull_overhead_s < 0.05
+
+
+def test_prefill_rate_is_learned_from_prefills_long_enough_to_tell() -> None:
+    cost = PullCost()
+    cost.observe_prefill(MIN_PREFILL_TOKENS - 1, 10.0)  # too short: ignored
+    assert cost.prefills_seen == 0
+    for _ in range(30):
+        cost.observe_prefill(4000, 0.1)  # 40k tokens/s: a fast prefill
+    assert 39_000 < cost.prefill_tokens_per_s <= 40_000
+    # Now 64 MiB at the prior 2 GB/s (~34 ms) loses to computing 1024 tokens (~26 ms).
+    assert not cost.worth_pulling(1024, 64 * MIB)
+    assert cost.worth_pulling(4096, 64 * MIB)

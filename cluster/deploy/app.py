@@ -100,8 +100,12 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         router = RequestRouterConfig(
             request_router_class=KV_ROUTER_CLASS_PATH,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
-            # The router hashes prompts into the engine's own block hashes.
-            request_router_kwargs={"block_size": config.engine.block_size},
+            # The router hashes prompts into the engine's own block hashes; with the cluster
+            # KV tier, what one replica holds the others can pull.
+            request_router_kwargs={
+                "block_size": config.engine.block_size,
+                "kv_share": config.engine.kv_share_gib > 0,
+            },
         )
     else:  # Serve's default power-of-two-choices; stats still feed dashboards and benches
         router = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)

@@ -10,6 +10,10 @@ Per request the router hashes the prompt's full blocks exactly as the engine doe
 asks the index how many leading blocks each live replica holds, and picks the lowest cost:
 
     cost = tokens to prefill (prompt minus the held prefix)
+           (with the cluster KV tier, `kv_share`: the blocks a peer holds past that prefix
+           count pull_token_cost each instead of 1: it pulls them, dearer than holding them,
+           cheaper than computing them; so a hot prefix spreads to a second replica by
+           pulling once its holder's load outweighs the difference)
          + load_tokens x (requests in flight + engine waiting queue)
          + the whole prompt again when the replica's KV cache is nearly full
          + adapter_load_tokens when the request's adapter is not loaded there
@@ -70,6 +74,11 @@ class KvRouterOptions:
     # A LoRA request on a replica without its adapter: the load, and the eviction it may cause.
     adapter_load_tokens: float = 512.0
     adapter_hold_s: float = DEFAULT_HOLD_S  # a replica sent an adapter holds it this long
+    # The cluster KV tier is on (--kv-share-gib): what a peer holds, a replica can pull.
+    kv_share: bool = False
+    # A pulled token's cost, in computed tokens (the pull's bytes against the prefill; the
+    # replica's own cost model makes the real choice, cluster/replica/kv_cost.py).
+    pull_token_cost: float = 0.25
 
     @staticmethod
     def from_kwargs(kwargs: dict[str, Any]) -> KvRouterOptions:
@@ -155,7 +164,8 @@ class KvEventsRouter(PrefixAffinityRouter):
         scored = []
         for r in random.sample(replicas, len(replicas)):  # ties: no favourite
             rid = r.replica_id.unique_id
-            cost = self.cost(r, len(ids), held[rid])
+            pullable = most - held[rid] if opts.kv_share else 0
+            cost = self.cost(r, len(ids), held[rid], pullable)
             if salt is not None and rid not in holders:
                 cost += opts.adapter_load_tokens
             if r is home and held[rid] == most:
@@ -187,10 +197,14 @@ class KvEventsRouter(PrefixAffinityRouter):
         by_id = {r.replica_id.unique_id: r for r in replicas}
         return by_id[rendezvous_rank(key, list(by_id))[0]]
 
-    def cost(self, replica: RunningReplica, prompt_tokens: int, held_blocks: int) -> float:
+    def cost(
+        self, replica: RunningReplica, prompt_tokens: int, held_blocks: int, pullable: int = 0
+    ) -> float:
+        """`pullable`: blocks past the held ones that a peer holds (the cluster KV tier)."""
         opts = self._kv_opts
         stats = replica.routing_stats or {}
-        miss = prompt_tokens - held_blocks * opts.block_size
+        miss = prompt_tokens - (held_blocks + pullable) * opts.block_size
+        miss += pullable * opts.block_size * opts.pull_token_cost
         if float(stats.get("kv_cache_usage", 0.0)) >= opts.kv_cache_usage_limit:
             miss += prompt_tokens
         load = self._in_flight(replica) + int(stats.get("waiting", 0))

@@ -12,7 +12,13 @@ from cluster.ray_internals import standalone_router
 from cluster.replica.kv_publish import KvPublisher
 from cluster.routing.kv_index import KvIndex
 from cluster.routing.kv_router import KvEventsRouter, prompt_block_hashes
-from tests.cluster.routing.routing_kit import BLOCK_SIZE, generate_request, pending, replicas
+from tests.cluster.routing.routing_kit import (
+    BLOCK_SIZE,
+    generate_request,
+    kv_router,
+    pending,
+    replicas,
+)
 from workers.core.block_manager import BlockManager
 from workers.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from workers.core.request import Seq
@@ -148,6 +154,28 @@ def test_router_prefers_the_replica_holding_the_prefix_unless_it_is_loaded() -> 
     asyncio.run(go())
 
 
+def test_with_the_cluster_kv_tier_a_hot_prefix_spreads_by_pulling() -> None:
+    """r1 holds the prompt's 16 blocks and has one request waiting. Without the tier, r0
+    would compute all 259 tokens: r1 wins despite its load. With it, r0 pulls them (each a
+    quarter of a computed token): cheaper than r1's load, so r0 takes it."""
+
+    async def go(kv_share: bool) -> str:
+        r = kv_router(kv_share=kv_share, home_tokens=0.0)
+        reps = replicas(2)
+        prompt = list(range(100, 100 + 16 * BLOCK_SIZE + 3))
+        reps[1].routing_stats = {"kv": _kv(prompt_block_hashes(prompt, BLOCK_SIZE, 256))}
+        reps[1].routing_stats["waiting"] = 1
+        r.update_replicas(reps)  # type: ignore[arg-type]
+        ranks = await r.choose_replicas(reps, pending(generate_request(prompt)))  # type: ignore[arg-type]
+        assert r.cost(reps[0], len(prompt), 0, 16 if kv_share else 0) == (  # type: ignore[arg-type]
+            3 + 16 * BLOCK_SIZE * (0.25 if kv_share else 1)
+        )
+        return ranks[0][0].name
+
+    assert asyncio.run(go(kv_share=False)) == "r1"
+    assert asyncio.run(go(kv_share=True)) == "r0"
+
+
 def test_a_prefix_nobody_holds_goes_to_its_home_replica() -> None:
     from cluster.routing.router import prefix_routing_key, rendezvous_rank
 
@@ -218,7 +246,14 @@ def test_kv_events_router_is_wired_from_the_config() -> None:
     config = ServeConfig.from_flat(request_router="kv_events", device="cpu", block_size=32)
     router = llm_server_options(config)["request_router_config"]
     assert router.request_router_class == KV_ROUTER_CLASS_PATH
-    assert router.request_router_kwargs == {"block_size": 32}
+    assert router.request_router_kwargs == {"block_size": 32, "kv_share": False}
+    shared = ServeConfig.from_flat(
+        request_router="kv_events", device="cpu", kv_offload_gib=1, kv_share_gib=1
+    )
+    assert llm_server_options(shared)["request_router_config"].request_router_kwargs == {
+        "block_size": 16,
+        "kv_share": True,
+    }
     # Engines record KV events only for the router that reads them.
     assert config.engine_kwargs("m")["kv_events"] is True
     assert ServeConfig.from_flat(device="cpu").engine_kwargs("m")["kv_events"] is False

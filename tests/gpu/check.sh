@@ -53,7 +53,8 @@ torch.cuda.get_device_name(0))'"
 XDIST=()
 if $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n 8); fi
 stage parity 240 $PY -m pytest -q --noconftest -p no:cacheprovider "${XDIST[@]}" \
-    tests/gpu/test_cuda_parity.py tests/gpu/test_sync_free.py tests/workers/device/test_step_buffers.py \
+    tests/gpu/test_cuda_parity.py tests/gpu/test_sync_free.py tests/gpu/test_cuda_kv_tier.py \
+    tests/workers/device/test_step_buffers.py \
     tests/workers/device/layers/test_sampler.py
 
 STEP=(bench step --model "$MODEL" --dtype bfloat16 --batch-sizes 1,64 --context 512

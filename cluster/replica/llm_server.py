@@ -184,9 +184,11 @@ class LLMServer:
         span = spans.start(request, queued) if spans is not None else None
         finished = cancelled = False
         try:
-            if self._kv_share is not None:  # a peer's blocks of its prompt, when worth it
-                inp = await self._kv_share.attach(inp)
-            stream = self._engine.generate_input(inp, request.request_id, queue_timeout_s)
+            # A peer's blocks of its prompt, when worth pulling: only the engine holds them
+            # (kept here, they would pin their objects in the store for the whole request).
+            engine_inp = inp if self._kv_share is None else await self._kv_share.attach(inp)
+            stream = self._engine.generate_input(engine_inp, request.request_id, queue_timeout_s)
+            del engine_inp  # the stream drops it too, once the core has it
             if self._config.limits.request_timeout_s is not None:
                 stream = with_deadline(stream, self._config.limits.request_timeout_s)
             if streamed:

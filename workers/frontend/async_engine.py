@@ -162,6 +162,7 @@ class AsyncEngine:
             if self._dead is not None:  # lost the race with a failure
                 raise EngineDeadError(f"engine failed: {self._dead}")
             self._core.add(request_id, inp, queue_timeout_s)
+            inp = None  # the core has it: pulled KV blocks (EngineInput.kv_blocks) go with it
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import ServeConfig
+from cluster.ray_internals import HEAD_NODE_RESOURCE
 
 logger = logging.getLogger("kvray.grpc")
 
@@ -49,8 +50,6 @@ GRPC_INGRESS_NAME = "GrpcIngress"
 # flags import it. tests/cluster/test_ray_internals.py checks it against gRPCOptions().
 DEFAULT_GRPC_PORT = 9000
 LLM_SERVICE = "kvray.v1.LLMService"
-# Ray's built-in resource on the head node; a sliver of it pins a replica there.
-HEAD_NODE_RESOURCE = "node:__internal_head__"
 READY_RETRY_S = 1.0
 
 

@@ -47,9 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.ray_internals import HEAD_NODE_RESOURCE, KVRAY_NAMESPACE
+from cluster.head_actor import head_actor, kill_head_actor
 
-NAMESPACE = KVRAY_NAMESPACE
 NAME_PREFIX = "lora-registry/"
 # Static adapters' ids are in [STATIC_ID_BASE, 2 * STATIC_ID_BASE); runtime ids are below it
 # (a counter from N + 1, or from the clock's microseconds, about 2**51, after a restart).
@@ -169,30 +168,9 @@ def registry_name(app_name: str) -> str:
 
 def registry_actor(app_name: str) -> Any:
     """The application's registry actor, created if it does not exist yet."""
-    import ray
-
-    return (
-        ray.remote(LoraRegistry)
-        .options(
-            name=registry_name(app_name),
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            num_cpus=0,
-            resources={HEAD_NODE_RESOURCE: 0.001},
-            max_restarts=-1,  # restarted empty (module doc), rather than gone for good
-        )
-        .remote()
-    )
+    return head_actor(LoraRegistry, registry_name(app_name))
 
 
 def delete_registry(app_name: str) -> bool:
     """Kills the application's registry actor; whether there was one."""
-    import ray
-
-    try:
-        actor = ray.get_actor(registry_name(app_name), namespace=NAMESPACE)
-    except ValueError:  # no such actor
-        return False
-    ray.kill(actor, no_restart=True)
-    return True
+    return kill_head_actor(registry_name(app_name))

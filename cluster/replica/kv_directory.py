@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from cluster.ray_internals import HEAD_NODE_RESOURCE, KVRAY_NAMESPACE
+from cluster.head_actor import head_actor, kill_head_actor
 
 NAME_PREFIX = "kv-directory/"
 
@@ -95,36 +95,13 @@ def directory_name(app_name: str) -> str:
 def directory_actor(app_name: str, capacity_bytes: int) -> Any:
     """The application's directory, created if it does not exist yet (the first replica's
     capacity sizes it: every replica of one application has the same)."""
-    import ray
-
-    return (
-        ray.remote(KvDirectory)
-        .options(
-            name=directory_name(app_name),
-            namespace=KVRAY_NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            num_cpus=0,
-            resources={HEAD_NODE_RESOURCE: 0.001},
-            # Not in the calling replica's placement group, which would capture it.
-            scheduling_strategy="DEFAULT",
-            max_restarts=-1,  # restarted empty (module doc)
-        )
-        .remote(capacity_bytes)
-    )
+    return head_actor(KvDirectory, directory_name(app_name), capacity_bytes)
 
 
 def delete_directory(app_name: str) -> bool:
     """Kills the application's directory and its nodes' store actors (the objects are freed
     with them); whether there was a directory."""
-    import ray
-
     from cluster.replica.kv_store import delete_stores
 
     delete_stores(app_name)
-    try:
-        actor = ray.get_actor(directory_name(app_name), namespace=KVRAY_NAMESPACE)
-    except ValueError:
-        return False
-    ray.kill(actor, no_restart=True)
-    return True
+    return kill_head_actor(directory_name(app_name))

@@ -141,3 +141,12 @@ def test_readme_describes_every_panel_and_variable() -> None:
         ]
     for variable in load_dashboard()["templating"]["list"]:
         assert f"`{variable['name']}`" in readme, variable["name"]
+
+
+def test_the_expected_metrics_table_is_the_documented_one() -> None:
+    """monitoring/README.md's metrics table (names, types, labels) is what the tests expect
+    (promkit.KVRAY_METRICS), name for name and type for type; the real scrape in
+    tests/cluster/replica/test_metrics.py checks the code against it."""
+    from tests.monitoring.promkit import documented_metrics
+
+    assert {name: kind for name, (kind, _) in documented_metrics().items()} == KVRAY_METRICS

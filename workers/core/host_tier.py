@@ -94,11 +94,7 @@ class HostTier:
         if block_hash in self.entries:
             self.entries.move_to_end(block_hash)  # the same contents are already here
             return
-        self._make_room()
-        if block_hash in self._pending_drops:  # the save below rewrites it: keep it
-            self._pending_drops.discard(block_hash)
-            self._pending.drops.remove(block_hash)
-        self.entries[block_hash] = tokens
+        self._enter(block_hash, tokens)
         self._pending.saves.append((block_hash, block_id))
         self.copies_out += 1
 
@@ -107,21 +103,23 @@ class HostTier:
         the pools before the next forward; False when it is here already (or no room)."""
         if self.capacity_blocks == 0 or block_hash in self.entries:
             return False
-        self._make_room()
-        if block_hash in self._pending_drops:  # the import below rewrites it: keep it
-            self._pending_drops.discard(block_hash)
-            self._pending.drops.remove(block_hash)
-        self.entries[block_hash] = tokens
+        self._enter(block_hash, tokens)
         self._pending.imports.append((block_hash, shards))
         self.imports += 1
         return True
 
-    def _make_room(self) -> None:
+    def _enter(self, block_hash: int, tokens: tuple[int, ...]) -> None:
+        """A new entry, the least recently used dropped for room; its save or import (the
+        caller's) rewrites the pool's copy, so a drop of it pending this step is cancelled."""
         while len(self.entries) >= self.capacity_blocks:
             old, _ = self.entries.popitem(last=False)
             self._pending.drops.append(old)
             self._pending_drops.add(old)
             self.evictions += 1
+        if block_hash in self._pending_drops:
+            self._pending_drops.discard(block_hash)
+            self._pending.drops.remove(block_hash)
+        self.entries[block_hash] = tokens
 
     def take(self, hashes: list[int]) -> list[tuple[int, ...]]:
         """Their tokens, for hashes (found by `holds`) about to be restored; each then gets a

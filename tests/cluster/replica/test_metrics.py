@@ -386,12 +386,6 @@ def test_exported_names_types_and_labels_are_the_documented_ones(exporter: Any) 
         assert {own_labels(x.labels) for x in s.find(series)} == {labels}, name
 
 
-def test_the_expected_table_is_the_documented_one() -> None:
-    """monitoring/README.md's metrics table (names, types, labels) is what these tests
-    expect, name for name and type for type; the scrape above checks the code against it."""
-    assert {name: kind for name, (kind, _) in documented_metrics().items()} == KVRAY_METRICS
-
-
 def test_promtool_accepts_the_kvray_families(exporter: Any) -> None:
     """`promtool check metrics` on the real scrape's kvray families. Ray's own per-process
     labels (WorkerId, NodeAddress, ...) are not kvray's to name and are left out."""

@@ -112,6 +112,10 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
         num_replicas=2,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         api_key_env="KVRAY_MULTINODE_NO_KEY",
+        # The cluster KV tier: the dead node's blocks die with it (their owner, its store
+        # actor, was there); the moved requests then recompute, never a wrong token.
+        kv_offload_gib=0.05,
+        kv_share_gib=0.1,
     )
     opts = llm_server_options(config)
     # One replica per node: each asks for the one slot a node has.
@@ -147,6 +151,7 @@ def drive(address: str, http_port: int, grpc_port: int, out: Path) -> int:
         time.sleep(0.5)
     result["survivor_blocks"] = [s["kv_blocks_used"] for s in survivors.values()]
     result["survivor_nodes"] = sorted({s["node_id"] == head for s in survivors.values()})
+    result["kv_share"] = [s["kv_share"] for s in survivors.values()]
     out.write_text(json.dumps(result))
     serve.shutdown()
     return 0

@@ -4,7 +4,7 @@ A real two-node Ray cluster on this machine (tests/cluster/multinode.py: `ray st
 plus a second raylet joining it), 2 engine replicas placed one per node, the ingress on the
 head; the worker node's raylet is SIGKILLed while 32 long requests stream. Every request
 must end with the text of an undisturbed run, and the surviving replica with no KV block
-held. Runs without the session's Ray instance: the driver is its own process.
+held. The cluster KV tier is on: the blocks the dead node published die with it. Runs without the session's Ray instance: the driver is its own process.
 """
 
 from __future__ import annotations
@@ -56,3 +56,4 @@ def test_node_killed_mid_stream(tmp_path: Path) -> None:
     assert result["victim_running"] > 0, result
     assert result["failures"] == [], result
     assert result["survivor_blocks"] == [0] and result["survivor_nodes"] == [True], result
+    assert all(s["refused"] == 0 for s in result["kv_share"]), result

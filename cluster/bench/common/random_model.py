@@ -34,6 +34,8 @@ PRESETS: dict[str, tuple[int, int, int, int, int, int, int]] = {
 MOE_PRESETS: dict[str, tuple[int, int, int, int, int, int, int, int, int]] = {
     "qwen3-moe-tiny": (1024, 8, 16, 2, 128, 64, 4, 384, 32768),
 }
+# Qwen3's context: long-prefix benchmarks (`bench kv-tier` at 4096 tokens and more) fit it.
+MAX_POSITIONS = 40960
 
 
 def random_model_dir(name: str, dtype: str = "bfloat16", cache_root: Path | None = None) -> Path:
@@ -45,7 +47,9 @@ def random_model_dir(name: str, dtype: str = "bfloat16", cache_root: Path | None
 
     root = cache_root or Path.home() / ".cache" / "kvray"
     out = root / f"random-{name}-{dtype}"
+    config = _config(name, dtype)
     if (out / "model.safetensors").is_file():
+        _refresh_config(out / "config.json", config)
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -59,11 +63,20 @@ def random_model_dir(name: str, dtype: str = "bfloat16", cache_root: Path | None
     ):
         if (demo / f).is_file():
             shutil.copy(demo / f, tmp / f)
-    config = _config(name, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     _write_weights(tmp / "model.safetensors", config, dtype)
     tmp.rename(out)
     return out
+
+
+def _refresh_config(path: Path, config: dict[str, Any]) -> None:
+    """A checkpoint cached before its context grew (4096 positions then) gets today's
+    config.json; the weights do not depend on it."""
+    old = json.loads(path.read_text())
+    if old != config and {k: v for k, v in old.items() if k != "max_position_embeddings"} == {
+        k: v for k, v in config.items() if k != "max_position_embeddings"
+    }:
+        path.write_text(json.dumps(config, indent=2))
 
 
 def _config(name: str, dtype: str) -> dict[str, Any]:
@@ -96,7 +109,7 @@ def _config(name: str, dtype: str) -> dict[str, Any]:
         "vocab_size": vocab,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": MAX_POSITIONS,
         "tie_word_embeddings": True,
         "torch_dtype": dtype,
         "eos_token_id": 2,

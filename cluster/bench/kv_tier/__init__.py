@@ -1,0 +1,1 @@
+"""`kvray bench kv-tier` (main.py): TTFT with the cluster KV tier, per prefix length."""

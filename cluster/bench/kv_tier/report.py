@@ -1,0 +1,113 @@
+"""What `kvray bench kv-tier` prints and writes: TTFT percentiles per arm and prefix length,
+the ratios that say what the tier buys, where pulling starts to win, and the cost model's
+estimates beside the measured times. No torch or Ray here (reachable from `kvray --help`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+# (key, column title, what it is)
+ARMS: tuple[tuple[str, str, str], ...] = (
+    ("local", "local hit", "the replica that computed the prefix serves prefix + new suffix"),
+    ("pull", "peer pull", "a replica that never saw the prefix pulls it (forced)"),
+    ("recompute", "recompute", "a replica without the tier computes it"),
+    ("auto", "auto", "a replica with the learned cost model decides"),
+    ("failover_pull", "failover pull", "next token after a mid-stream stop, resumed with the tier"),
+    ("failover_recompute", "failover recomp", "the same, resumed on a replica without the tier"),
+)
+ARM_KEYS = tuple(k for k, _, _ in ARMS)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between the closest ranks."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(samples: dict[int, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per prefix length: each arm's TTFT p50/p99 (ms) and the ratios of the medians."""
+    out: dict[str, Any] = {}
+    for length, arms in samples.items():
+        row: dict[str, Any] = {}
+        for arm in ARM_KEYS:
+            ttfts = [s["ttft_s"] * 1e3 for s in arms.get(arm, []) if s.get("ttft_s") is not None]
+            row[arm] = {"p50_ms": percentile(ttfts, 50), "p99_ms": percentile(ttfts, 99)}
+        row["pull_over_recompute"] = _ratio(row["pull"], row["recompute"])
+        row["failover_pull_over_recompute"] = _ratio(
+            row["failover_pull"], row["failover_recompute"]
+        )
+        row["local_over_recompute"] = _ratio(row["local"], row["recompute"])
+        pulled = [s["pulled_blocks"] for s in arms.get("pull", [])]
+        row["pull_blocks"] = min(pulled) if pulled else 0
+        fo = [s["pulled_blocks"] for s in arms.get("failover_pull", [])]
+        row["failover_pull_blocks"] = min(fo) if fo else 0
+        auto = arms.get("auto", [])
+        row["auto_outcomes"] = {
+            o: sum(1 for s in auto if s.get("outcome") == o)
+            for o in {s.get("outcome") for s in auto}
+        }
+        row["auto_est_pull_ms"] = _median([s.get("est_pull_s") for s in auto])
+        row["auto_est_compute_ms"] = _median([s.get("est_compute_s") for s in auto])
+        out[str(length)] = row
+    return out
+
+
+def _ratio(a: dict[str, float], b: dict[str, float]) -> float:
+    return a["p50_ms"] / b["p50_ms"] if b["p50_ms"] and not math.isnan(b["p50_ms"]) else math.nan
+
+
+def _median(values: list[float | None]) -> float:
+    xs = [v * 1e3 for v in values if v is not None]
+    return percentile(xs, 50)
+
+
+def crossover(lengths: Sequence[int], ratios: Sequence[float]) -> tuple[float | None, str]:
+    """Where a ratio (tier / recompute) first drops below 1, interpolated linearly between
+    the measured lengths: (length or None, how to say it)."""
+    pts = [(n, r) for n, r in zip(lengths, ratios, strict=True) if not math.isnan(r)]
+    if not pts:
+        return None, "not measured"
+    if pts[0][1] < 1:
+        return None, f"below the smallest measured length ({pts[0][0]} tokens)"
+    for (n0, r0), (n1, r1) in zip(pts, pts[1:], strict=False):
+        if r1 < 1 <= r0:
+            at = n0 + (r0 - 1) * (n1 - n0) / (r0 - r1)
+            return at, f"~{at:.0f} tokens (interpolated between {n0} and {n1})"
+    return None, "not within the measured lengths"
+
+
+def tables(summary: dict[str, Any]) -> str:
+    lengths = [int(k) for k in summary]
+    head = f"{'prefix':>7} " + " ".join(f"{t:>21}" for _, t, _ in ARMS)
+    sub = f"{'tokens':>7} " + " ".join(f"{'p50 / p99 ms':>21}" for _ in ARMS)
+    lines = ["TTFT (time to the next token for the failover arms)", head, sub]
+    for n in lengths:
+        row = summary[str(n)]
+        cells = [f"{row[a]['p50_ms']:>10.1f} / {row[a]['p99_ms']:<8.1f}" for a in ARM_KEYS]
+        lines.append(f"{n:>7} " + " ".join(f"{c:>21}" for c in cells))
+    lines += [
+        "",
+        f"{'prefix':>7} {'pull/recompute':>15} {'failover p/r':>13} {'local/recompute':>16} "
+        f"{'blocks pulled':>14} {'auto chose':>22} {'est pull ms':>12} {'est compute ms':>15}",
+    ]
+    for n in lengths:
+        row = summary[str(n)]
+        chose = ", ".join(f"{k} {v}" for k, v in sorted(row["auto_outcomes"].items(), key=str))
+        pull, fo = row["pull_over_recompute"], row["failover_pull_over_recompute"]
+        lines.append(
+            f"{n:>7} {pull:>14.2f}x {fo:>12.2f}x {row['local_over_recompute']:>15.2f}x"
+            f" {row['pull_blocks']:>14} {chose:>22}"
+            f" {row['auto_est_pull_ms']:>12.1f} {row['auto_est_compute_ms']:>15.1f}"
+        )
+    _, pull_at = crossover(lengths, [summary[str(n)]["pull_over_recompute"] for n in lengths])
+    _, fo_at = crossover(
+        lengths, [summary[str(n)]["failover_pull_over_recompute"] for n in lengths]
+    )
+    lines += ["", f"pulling beats recomputing from: {pull_at}", f"failover, the same: {fo_at}"]
+    return "\n".join(lines)

@@ -4,7 +4,8 @@ A real two-node Ray cluster on this machine (tests/cluster/multinode.py: `ray st
 plus a second raylet joining it), 2 engine replicas placed one per node, the ingress on the
 head; the worker node's raylet is SIGKILLed while 32 long requests stream. Every request
 must end with the text of an undisturbed run, and the surviving replica with no KV block
-held. The cluster KV tier is on: the blocks the dead node published die with it. Runs without the session's Ray instance: the driver is its own process.
+held. The cluster KV tier is on: the blocks the dead node published die with it. Runs
+without the session's Ray instance: the driver is its own process.
 """
 
 from __future__ import annotations

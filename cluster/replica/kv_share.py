@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cluster.replica.kv_cost import PullCost
-from workers.core.block_hash import chain_hash
+from workers.core.block_hash import chain_hash, prompt_block_hashes
 from workers.core.kv_events import AllBlocksCleared, BlockRemoved, BlocksExported, BlockStored
 from workers.messages.kv_blocks import KvBlockData
 
@@ -157,11 +157,7 @@ class KvShare:
             return inp
         ids, bs = self._context(inp), self.block_size
         salt = None if inp.lora is None else inp.lora.lora_int_id
-        hashes: list[int] = []
-        for i in range((len(ids) - 1) // bs):
-            hashes.append(
-                chain_hash(hashes[-1] if i else None, tuple(ids[i * bs : (i + 1) * bs]), salt)
-            )
+        hashes = prompt_block_hashes(ids, bs, len(ids), salt)
         with self._lock:
             local = next((i for i, h in enumerate(hashes) if h not in self._mirror), len(hashes))
         if local == len(hashes):

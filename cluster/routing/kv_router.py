@@ -49,7 +49,7 @@ from cluster.routing.router import (
     prefix_routing_key,
     rendezvous_rank,
 )
-from workers.core.block_manager import chain_hash
+from workers.core.block_hash import prompt_block_hashes
 
 KV_ROUTER_CLASS_PATH = "cluster.routing.kv_router.KvEventsRouter"
 MAX_PENDING_CHOICES = 4096  # requests chosen for and not yet routed, remembered for predict()
@@ -89,22 +89,6 @@ class KvRouterOptions:
         if "block_size" not in kwargs:
             raise ValueError("KvEventsRouter needs request_router_kwargs['block_size']")
         return KvRouterOptions(**kwargs)
-
-
-def prompt_block_hashes(
-    token_ids: Sequence[int], block_size: int, max_blocks: int, salt: int | None = None
-) -> list[int]:
-    """The chained hashes of the prompt's full blocks the engine could reuse (it always
-    computes the last token), at most `max_blocks`: the engine's own hashes (`salt`: the
-    request's LoRA adapter id, None for the base model)."""
-    n = min((len(token_ids) - 1) // block_size, max_blocks)
-    hashes: list[int] = []
-    parent = None
-    for i in range(n):
-        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
-        parent = chain_hash(parent, block, salt)
-        hashes.append(parent)
-    return hashes
 
 
 class KvEventsRouter(PrefixAffinityRouter):

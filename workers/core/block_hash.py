@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Sequence
 
 
 def chain_hash(parent: int | None, tokens: tuple[int, ...], salt: object = None) -> int:
@@ -16,3 +17,19 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...], salt: object = None)
     if salt is not None:
         h.update(repr(salt).encode())
     return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def prompt_block_hashes(
+    token_ids: Sequence[int], block_size: int, max_blocks: int, salt: int | None = None
+) -> list[int]:
+    """The chained hashes of the prompt's full blocks the engine could reuse (it always
+    computes the last token), at most `max_blocks`: the engine's own hashes (`salt`: the
+    request's LoRA adapter id, None for the base model)."""
+    n = min((len(token_ids) - 1) // block_size, max_blocks)
+    hashes: list[int] = []
+    parent = None
+    for i in range(n):
+        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        parent = chain_hash(parent, block, salt)
+        hashes.append(parent)
+    return hashes

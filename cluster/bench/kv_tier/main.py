@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
 from cluster.bench.common.result import write_result_json
 from cluster.bench.kv_tier.report import ARM_KEYS, crossover, summarize, tables
 
@@ -55,12 +56,7 @@ NO_TIER = ("recomp", "fo_recomp")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a(
-        "--model",
-        default=None,
-        help="HF checkpoint directory (default: the built-in demo model), or random:qwen3-100m / "
-        "random:qwen3-0.6b for a seeded random-weight checkpoint of that shape",
-    )
+    add_model_argument(parser)
     a(
         "--prefix-lengths",
         default=None,
@@ -76,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model_dir = _model_dir(args.model)
+    model_dir = bench_model_dir(args.model)
     max_tokens = args.failover_at + AFTER_FAILOVER
     engine_kwargs, limit = _engine_kwargs(model_dir, args.prefix_lengths, max_tokens)
     lengths = _lengths(args.prefix_lengths, limit, max_tokens, engine_kwargs.pop("_block"))
@@ -263,24 +259,6 @@ def _report(
         write_result_json(args.result_json, payload)
         print(f"wrote {args.result_json}")
     return 1 if mismatches else 0
-
-
-def _model_dir(model: str | None) -> Path:
-    if model and model.startswith("random:"):
-        from cluster.bench.common.random_model import random_model_dir
-
-        try:
-            return random_model_dir(model.split(":", 1)[1], dtype="bfloat16")
-        except ValueError as err:
-            raise SystemExit(f"--model {model}: {err}") from None
-    if model is None:
-        from workers.demo import demo_model_dir
-
-        return demo_model_dir()
-    path = Path(model)
-    if not (path / "config.json").is_file():
-        raise SystemExit(f"--model {model}: not a checkpoint directory (no config.json)")
-    return path
 
 
 def _engine_kwargs(

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
 from cluster.bench.step.probes import (
     StepClock,
     count_step_ops,
@@ -66,12 +67,7 @@ class StepSettings:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a(
-        "--model",
-        default=None,
-        help="HF checkpoint directory (default: the built-in demo model), or random:qwen3-100m / "
-        "random:qwen3-0.6b for a seeded random-weight checkpoint of that shape",
-    )
+    add_model_argument(parser)
     a("--batch-sizes", type=_int_list, default=(1, 8, 64), help="decode batches (default 1,8,64)")
     a("--context", type=int, default=512, help="prompt tokens of each decode sequence (512)")
     a(
@@ -139,7 +135,7 @@ def measure(s: StepSettings) -> dict[str, Any]:
     """Builds the engine, measures every case; returns the rows and what they were run on."""
     from workers.sampling_params import SamplingParams
 
-    model_dir = _model_dir(s.model)
+    model_dir = bench_model_dir(s.model)
     engine, prefill = _engine(s, model_dir)
     worker = engine.executor.worker
     cuda = worker.device.type == "cuda"
@@ -346,23 +342,6 @@ def _max_tokens(s: StepSettings, batch: int, budget: int) -> int:
     steps filling the batch's prompts (decodes share their budget), warm-up, timed, counted."""
     fill = -(-batch * s.context // (budget - batch)) + 1
     return fill + s.warmup + s.steps + 3
-
-
-def _model_dir(model: str | None) -> Path:
-    if model and model.startswith("random:"):
-        from cluster.bench.common.random_model import random_model_dir
-
-        try:  # stored in bfloat16, as `kvray bench throughput` builds it
-            return random_model_dir(model.split(":", 1)[1], dtype="bfloat16")
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-    if model:
-        if not (Path(model) / "config.json").is_file():
-            raise SystemExit(f"--model {model}: not a checkpoint directory (no config.json)")
-        return Path(model)
-    from workers.demo import demo_model_dir
-
-    return demo_model_dir()
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.bench.common import roofline
+from cluster.bench.common.model_arg import add_model_argument
 from cluster.bench.common.result import BenchResult, format_table, ratios, write_result_json
 from cluster.bench.common.workload import (
     Workload,
@@ -50,12 +51,7 @@ SYNC = "kvray-sync"  # with --async-scheduling: the synchronous engine beside it
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a(
-        "--model",
-        default=None,
-        help="HF checkpoint directory (default: the built-in demo model), or random:qwen3-100m / "
-        "random:qwen3-0.6b for a seeded random-weight checkpoint of that shape",
-    )
+    add_model_argument(parser)
     a("--backend", choices=BACKENDS, default="kvray", help="backend to time (default: kvray)")
     a("--compare", action="store_true", help="run every backend on the same workload; print ratios")
     a(

@@ -38,6 +38,7 @@ from cluster.cli.console import (
     ray_logs_dir,
 )
 from cluster.cli.flags import add_serve_flags, api_key_from, config_from_flags
+from cluster.cli.local_ray import init_local_ray
 from cluster.cli.ports import (
     Listener,
     check_ports,
@@ -206,7 +207,7 @@ def start(
             cpus,
             args.metrics_port,
         )
-        ray.init(
+        init_local_ray(
             address="local",  # a new instance, never one another `ray start` left running
             num_cpus=cpus,
             include_dashboard=False,

@@ -4,12 +4,15 @@ by this replica's own measured figures.
     pull    = overhead_s + bytes / pull_bytes_per_s
     compute = tokens / prefill_tokens_per_s
 
-Both rates are learned online, as exponentially weighted averages: every pull times its
-bytes (the lookup, the transfer and the checks, from the replica's side), and every finished
-request gives its prefill rate (prompt tokens computed, not cached, over the time from its
-first schedule to its first token, from the engine's RequestMetrics). Until it has seen any,
-the model starts from priors that favour pulling (a fast local store, a slow prefill), so the
-first pulls happen and are measured; one slow pull is enough to correct them.
+Both rates are learned online, as exponentially weighted averages of their inverses
+(seconds per byte, seconds per token: the time a request waits is what the model compares,
+and an average of rates would let one fast sample hide several slow ones). Every pull gives
+its bytes and its whole cost (the replica's fetch and checks, then the engine's copy into its
+host tier and back to the device: cluster/replica/kv_share.py), and every finished request
+that computed its prompt gives the prefill rate (prompt tokens computed, not cached, over
+the time from its first schedule to its first token, from the engine's RequestMetrics).
+Until it has seen any, the model starts from priors that favour pulling (a fast local store,
+a slow prefill), so the first pulls happen and are measured; a few slow ones correct them.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class PullCost:
         seconds = max(seconds, 1e-6)
         if nbytes >= LARGE_PULL_BYTES:
             transfer = max(seconds - self.pull_overhead_s, seconds / 2)
-            self.pull_bytes_per_s = _ewma(self.pull_bytes_per_s, nbytes / transfer)
+            self.pull_bytes_per_s = _ewma_rate(self.pull_bytes_per_s, nbytes / transfer)
         else:  # a small pull is mostly its fixed cost
             fixed = max(0.0, seconds - nbytes / self.pull_bytes_per_s)
             self.pull_overhead_s = _ewma(self.pull_overhead_s, fixed)
@@ -58,9 +61,14 @@ class PullCost:
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_PREFILL_TOKENS and seconds > 0:
-            self.prefill_tokens_per_s = _ewma(self.prefill_tokens_per_s, tokens / seconds)
+            self.prefill_tokens_per_s = _ewma_rate(self.prefill_tokens_per_s, tokens / seconds)
             self.prefills_seen += 1
 
 
 def _ewma(old: float, new: float) -> float:
     return (1 - ALPHA) * old + ALPHA * new
+
+
+def _ewma_rate(old: float, new: float) -> float:
+    """The rate whose inverse is the weighted average of the inverses of `old` and `new`."""
+    return 1.0 / _ewma(1.0 / old, 1.0 / new)

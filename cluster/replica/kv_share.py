@@ -21,6 +21,11 @@ run, counted as refused), and the request carries them to the engine
 Anything that goes wrong (a lost object, a dead owner, a timeout) leaves the request as it
 was: it recomputes, never a wrong token. Each decision is logged at debug and counted
 (`kvray_kv_share_pulls_total{outcome}`).
+
+Learning: a finished request that computed its prompt gives the prefill rate; one that
+pulled gives the pull's whole cost, the fetch timed here plus the engine's part (the blocks
+entering its host tier and copied to the device: its time to the first token less what the
+rest of the prompt took to compute), so the model compares what the request waits for.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +63,9 @@ PULL_TIMEOUT_S = 10.0
 PUBLISH_TIMEOUT_S = 30.0
 # Outcomes of a request's pull decision (the metric's `outcome` label).
 OUTCOMES = ("pulled", "recompute", "miss", "failed")
+# Pulls whose request has not finished yet, kept for the cost model; the oldest beyond this
+# (requests that never finish: aborted, cancelled) are forgotten.
+MAX_PENDING_PULLS = 4096
 
 
 class KvShare:
@@ -84,6 +93,8 @@ class KvShare:
         self._thread.start()
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.published = self.dropped = self.refused = self.pulled_blocks = 0
+        # request id -> (bytes pulled, seconds the fetch took): completed at its first token.
+        self._pending: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     # -- the engine's events (its core's thread) ---------------------------------------------
     def on_events(self, events: tuple[KvEvent, ...]) -> None:
@@ -120,13 +131,11 @@ class KvShare:
         self._queue.put(None)
 
     def _publish_forever(self) -> None:
-        import ray
-
         while (blocks := self._queue.get()) is not None:
             try:  # waits, so that at most one batch is on its way to the store
-                n = ray.get(
-                    self.store.put.remote(self.layout, list(blocks)), timeout=PUBLISH_TIMEOUT_S
-                )
+                # Through a future: ray.get in an async actor's process warns, whichever thread.
+                ref = self.store.put.remote(self.layout, list(blocks))
+                n = ref.future().result(timeout=PUBLISH_TIMEOUT_S)
             except Exception as err:  # noqa: BLE001 - the store actor gone, slow: peers recompute
                 logger.debug("%d KV blocks not published: %s", len(blocks), err)
                 n = 0
@@ -150,9 +159,11 @@ class KvShare:
             ids += inp.resume[0].output_token_ids
         return ids
 
-    async def attach(self, inp: EngineInput) -> EngineInput:
+    async def attach(self, inp: EngineInput, request_id: str | None = None) -> EngineInput:
         """`inp`, with the published blocks of its prompt when pulling them is cheaper than
-        computing them; `inp` as it is otherwise (module doc)."""
+        computing them; `inp` as it is otherwise (module doc). `request_id`: the id it runs
+        under, so that its finished output completes the pull's cost (`observe_finished`);
+        without one the fetch alone is learned."""
         if inp.params.needs_every_prompt_position or len(inp.resume) > 1:
             return inp
         ids, bs = self._context(inp), self.block_size
@@ -189,7 +200,12 @@ class KvShare:
         if not blocks:
             return self._decided(inp, "failed", "no pulled block passed its checks")
         pulled = sum(b.num_bytes for b in blocks)
-        self.cost.observe_pull(pulled, seconds)
+        if request_id is None:
+            self.cost.observe_pull(pulled, seconds)
+        else:
+            self._pending[request_id] = (pulled, seconds)
+            while len(self._pending) > MAX_PENDING_PULLS:
+                self._pending.popitem(last=False)
         self.pulled_blocks += len(blocks)
         if self.metrics is not None:
             self.metrics.pulled(len(blocks) * bs, seconds)
@@ -242,12 +258,20 @@ class KvShare:
         }
 
     def observe_finished(self, out: RequestOutput) -> None:
-        """A finished request's prefill rate, for the cost model."""
+        """A finished request's figures, for the cost model (module doc): the prefill rate
+        of one that computed its prompt, the whole cost of a pull."""
+        pull = self._pending.pop(out.request_id, None)
         m = out.metrics
         if m is None or m.first_token_time is None or m.first_scheduled_time is None:
             return
         computed = m.num_prompt_tokens - m.num_cached_tokens
-        self.cost.observe_prefill(computed, m.first_token_time - m.first_scheduled_time)
+        engine_s = m.first_token_time - m.first_scheduled_time
+        if pull is None:
+            self.cost.observe_prefill(computed, engine_s)
+            return
+        nbytes, fetch_s = pull
+        restore_s = max(0.0, engine_s - self.cost.compute_seconds(computed))
+        self.cost.observe_pull(nbytes, fetch_s + restore_s)
 
 
 def replica_kv_share(config: ServeConfig, args: EngineArgs, metrics: Any) -> KvShare | None:

@@ -186,8 +186,9 @@ class LLMServer:
         try:
             # A peer's blocks of its prompt, when worth pulling: only the engine holds them
             # (kept here, they would pin their objects in the store for the whole request).
-            engine_inp = inp if self._kv_share is None else await self._kv_share.attach(inp)
-            stream = self._engine.generate_input(engine_inp, request.request_id, queue_timeout_s)
+            rid, share = request.request_id, self._kv_share
+            engine_inp = inp if share is None else await share.attach(inp, rid)
+            stream = self._engine.generate_input(engine_inp, rid, queue_timeout_s)
             del engine_inp  # the stream drops it too, once the core has it
             if self._config.limits.request_timeout_s is not None:
                 stream = with_deadline(stream, self._config.limits.request_timeout_s)

@@ -43,3 +43,12 @@ def test_prefill_rate_is_learned_from_prefills_long_enough_to_tell() -> None:
     # Now 64 MiB at the prior 2 GB/s (~34 ms) loses to computing 1024 tokens (~26 ms).
     assert not cost.worth_pulling(1024, 64 * MIB)
     assert cost.worth_pulling(4096, 64 * MIB)
+
+
+def test_a_few_slow_pulls_correct_a_fast_prior() -> None:
+    """The rates average as times (seconds per byte): three pulls at 20 MB/s bring a 2 GB/s
+    prior close to them, where an average of rates would still say ~850 MB/s."""
+    cost = PullCost()
+    for _ in range(3):
+        cost.observe_pull(64 * MIB, cost.pull_overhead_s + 64 * MIB / 20e6)
+    assert cost.pull_bytes_per_s < 60e6

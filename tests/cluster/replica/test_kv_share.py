@@ -251,3 +251,36 @@ def test_the_mirror_follows_the_engines_kv_events() -> None:
     assert share._mirror == {1, 3}
     share.on_events((AllBlocksCleared(), BlockStored((4,), None, 2)))
     assert share._mirror == {4}
+
+
+def _finished(rid: str, prompt: int, cached: int, scheduled: float, first: float) -> Any:
+    from workers.outputs import RequestMetrics, RequestOutput
+
+    metrics = RequestMetrics(
+        arrival_time=0.0,
+        first_scheduled_time=scheduled,
+        first_token_time=first,
+        num_prompt_tokens=prompt,
+        num_cached_tokens=cached,
+    )
+    return RequestOutput(rid, None, [], [], True, cached, metrics)
+
+
+def test_a_pulls_cost_is_completed_by_its_first_token() -> None:
+    """No Ray: a pulled request's whole cost (the fetch, then the engine restoring the
+    blocks) is what the model learns; a computed one teaches the prefill rate."""
+    from cluster.replica.kv_cost import LARGE_PULL_BYTES
+
+    share = _share()
+    share.cost.prefill_tokens_per_s = 1000.0
+    nbytes = 8 * LARGE_PULL_BYTES
+    share._pending["pulled"] = (nbytes, 0.1)  # what attach records for a pull
+    # 0.5 s from its schedule to its first token, 100 of them computing the 100 tokens left.
+    share.observe_finished(_finished("pulled", 1100, 1000, 10.0, 10.5))
+    assert share.cost.pulls_seen == 1 and not share._pending
+    fetch_only = _share().cost
+    fetch_only.observe_pull(nbytes, 0.1)
+    assert share.cost.pull_seconds(nbytes) > fetch_only.pull_seconds(nbytes) * 1.5
+    assert share.cost.prefills_seen == 0  # 100 tokens after a pull say nothing of the rate
+    share.observe_finished(_finished("computed", 1000, 0, 20.0, 20.5))  # 2000 tokens/s
+    assert share.cost.prefills_seen == 1 and share.cost.prefill_tokens_per_s > 1000.0

@@ -65,9 +65,10 @@ class ServeProcess:
             text=True,
         )
         self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(
+        self._reader = threading.Thread(
             target=lambda: [self._lines.put(x) for x in self.proc.stdout], daemon=True
-        ).start()
+        )
+        self._reader.start()
         self.out: list[str] = []
 
     def __enter__(self) -> ServeProcess:
@@ -101,10 +102,12 @@ class ServeProcess:
                 self.out.append(self._lines.get(timeout=1))
 
     def read_rest(self) -> None:
-        """The output left once the process has exited (the reader ends with it)."""
+        """The output left once the process has exited: the reader ends at the end of its
+        output (at most 5 s more where a process it left behind still holds the pipe)."""
+        self._reader.join(timeout=5)
         while True:
             try:
-                self.out.append(self._lines.get(timeout=5))
+                self.out.append(self._lines.get_nowait())
             except queue.Empty:
                 return
 

@@ -40,6 +40,7 @@ import pytest
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from cluster.cli.local_ray import init_local_ray
 from tests.cluster.serve_helpers import RAY_ENV, RaySession, ServePorts, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,23 +80,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests without the session's Ray first, then the Ray modules of RAY_FIRST, then the
-    other Ray modules; `--part local` keeps the first group, `--part ray` the others.
+    """Tests without the session's Ray first, then the Ray tests of RAY_FIRST's modules, then
+    the other Ray tests; `--part local` keeps the first group, `--part ray` the others.
 
-    A module moves as a whole (its tests keep their order and share its fixtures); a module
-    counts as a Ray module when any of its tests uses `ray_session`, directly or not. The
-    OWN_RAY tests count as tests without it.
+    A test is a Ray test when it uses `ray_session`, directly or not; the OWN_RAY tests count
+    as tests without it. The others of a Ray module (flags, reports, one-process parity) run
+    in the local part: the Ray part, the longer of the two, keeps only what needs it. The Ray
+    tests of a module keep their order and share its fixtures.
     """
-    ray_modules = {
-        _relpath(item)
-        for item in items
-        if "ray_session" in getattr(item, "fixturenames", ()) and not _own_ray(item)
-    }
 
     def rank(item: pytest.Item) -> int:
-        path = _relpath(item)
-        if path not in ray_modules or _own_ray(item):
+        if "ray_session" not in getattr(item, "fixturenames", ()) or _own_ray(item):
             return 0
+        path = _relpath(item)
         return 1 + (RAY_FIRST.index(path) if path in RAY_FIRST else len(RAY_FIRST))
 
     part = config.getoption("part")
@@ -156,7 +153,7 @@ def ray_session(demo_dir: Path) -> Iterator[RaySession]:
         # Until the gRPC stubs are installed as the `kvray` package, put them on the path.
         env_vars["PYTHONPATH"] = str(REPO / "proto")
     metrics_port = free_port()
-    ray.init(
+    init_local_ray(  # tried again when Ray's node misses its start-up deadline (a busy machine)
         address="local",  # our own instance, even if someone's `ray start` cluster is up
         num_cpus=8,
         include_dashboard=False,

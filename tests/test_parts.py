@@ -48,3 +48,9 @@ def test_the_local_part_needs_no_shared_ray_and_the_rest_is_the_ray_part() -> No
     assert "tests/cluster/cli/test_serve.py::test_ctrl_c_while_deploying_stops_cleanly" in ray
     assert any(t.startswith("tests/monitoring/test_prometheus_live.py::") for t in ray)
     assert any(t.startswith("tests/workers/core/test_scheduler.py::") for t in local)
+    # A Ray module's tests that need no Ray (flags, reports, one-process parity) run locally.
+    assert "tests/cluster/cli/test_serve.py::test_defaults_follow_design" in local
+    assert (
+        "tests/cluster/cli/test_serve.py::test_serve_joins_a_cluster_serves_and_stops_on_sigterm"
+        in ray
+    )

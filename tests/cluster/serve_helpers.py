@@ -14,7 +14,13 @@ API_KEY_ENV = "KVRAY_TEST_API_KEY"
 API_KEY = "test-key-5f2c"
 # The environment the session's Ray instance starts with (tests/conftest.py): replicas read
 # their API key from it, so apps with api_key_env=API_KEY_ENV require API_KEY.
-RAY_ENV: dict[str, str] = {API_KEY_ENV: API_KEY}
+RAY_ENV: dict[str, str] = {
+    API_KEY_ENV: API_KEY,
+    # Serve's handles report the requests they hold every 10 s by default; a request that
+    # meets a deployment scaled to zero while its last replica stops waits for that report
+    # before a replica starts (tests/cluster/controller): every second here.
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+}
 # A small KV cache per replica: plenty for the tests, little memory for 4-6 replicas.
 KV_CACHE_BYTES = 64 * 1024 * 1024
 

@@ -253,3 +253,21 @@ def replica_actor(app_name: str, deployment: str, unique_id: str) -> Any:
 
     rid = ReplicaID(unique_id=unique_id, deployment_id=deployment_id(deployment, app_name))
     return ray.get_actor(rid.to_full_id_str(), namespace=SERVE_NAMESPACE)
+
+
+# -- object store -------------------------------------------------------------------------------
+
+
+def object_store_stats() -> dict[str, int]:
+    """The object store's bytes in use, its capacity and what it spilled to disk, summed over
+    the cluster's nodes: what the cluster KV tier's budget is checked against (tests, `kvray
+    bench kv-tier`). Ray's public API has no equivalent (the state API needs the dashboard);
+    `ray memory --stats-only` prints the same reply."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    stats = get_memory_info_reply(get_state_from_address()).store_stats
+    return {
+        "bytes_used": int(stats.object_store_bytes_used),
+        "bytes_avail": int(stats.object_store_bytes_avail),
+        "spilled_bytes": int(stats.spilled_bytes_total),
+    }

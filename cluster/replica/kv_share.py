@@ -134,8 +134,11 @@ class KvShare:
         while (blocks := self._queue.get()) is not None:
             try:  # waits, so that at most one batch is on its way to the store
                 # Through a future: ray.get in an async actor's process warns, whichever thread.
-                ref = self.store.put.remote(self.layout, list(blocks))
-                n = ref.future().result(timeout=PUBLISH_TIMEOUT_S)
+                # No reference to the call is kept: while one is, Ray keeps its argument (the
+                # blocks' copy in the object store) for lineage.
+                put = self.store.put.remote(self.layout, list(blocks)).future()
+                n = put.result(timeout=PUBLISH_TIMEOUT_S)
+                del put
             except Exception as err:  # noqa: BLE001 - the store actor gone, slow: peers recompute
                 logger.debug("%d KV blocks not published: %s", len(blocks), err)
                 n = 0

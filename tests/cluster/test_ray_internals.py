@@ -245,3 +245,18 @@ def test_private_constructors() -> None:
     assert ray_internals.request_metadata("rid").internal_request_id == "rid"
     r = ray_internals.standalone_router(PrefixAffinityRouter, "LLMServer", "kvray")
     assert r.app_name == "kvray" and r.curr_replicas == {}
+
+
+# -- object store -------------------------------------------------------------------------------
+
+
+def test_object_store_stats_reply() -> None:
+    from ray._private import internal_api
+    from ray.core.generated import node_manager_pb2
+
+    assert _params(internal_api.get_state_from_address) == [("address", None)]
+    assert _params(internal_api.get_memory_info_reply)[0][0] == "state"
+    fields = {f.name for f in node_manager_pb2.ObjectStoreStats.DESCRIPTOR.fields}
+    assert {"object_store_bytes_used", "object_store_bytes_avail", "spilled_bytes_total"} <= fields
+    reply = node_manager_pb2.FormatGlobalMemoryInfoReply()
+    assert isinstance(reply.store_stats, node_manager_pb2.ObjectStoreStats)

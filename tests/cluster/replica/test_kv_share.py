@@ -145,23 +145,44 @@ def test_a_lost_directory_means_recompute(replicas, app) -> None:  # noqa: ANN00
 
 
 def test_the_store_keeps_to_its_budget(replicas, app, demo_dir) -> None:  # noqa: ANN001
-    """A budget of 4 blocks: the oldest are dropped (and freed); a peer pulls the run from
-    its start, which is nothing once the first block is gone."""
+    """A budget of 4 blocks: the oldest are dropped (and freed, by Ray's count of the object
+    store's bytes); a peer pulls the run from its start, which is nothing once the first
+    block is gone; the application's tier deleted, its objects are all freed."""
     import ray
 
     from workers import EngineArgs
     from workers.kv_layout import kv_block_bytes
 
     per_block = kv_block_bytes(EngineArgs(model=str(demo_dir)).create_config(), 1)
+    before = _store_bytes_within(1 << 40)
     a, b = _use(replicas, app, capacity=4 * per_block)
     prompt = _prompt(3)
     first = ray.get(a.generate.remote(prompt, "s-a"))
     _published(a, 6)
     stats = ray.get(directory_actor(app, 4 * per_block).stats.remote())
     assert stats["blocks"] == 4 and stats["bytes"] <= 4 * per_block and stats["evicted"] == 2
+    # Ray's own count: the evicted blocks' objects were freed (each object carries its
+    # block and a few hundred bytes of header).
+    # Ray's own count: the evicted blocks' objects are freed (each object carries its block
+    # and a few hundred bytes of header; frees and the put's argument go asynchronously).
+    _store_bytes_within(before + 4 * (per_block + 4096))
     second = ray.get(b.generate.remote(prompt, "s-b"))
     assert second["tokens"] == first["tokens"]
     assert second["pulled"] == 0 and second["outcome"] == "miss"
+    delete_directory(app)  # the application gone: every object of its tier is freed
+    _store_bytes_within(before + 4096)
+
+
+def _store_bytes_within(bound: int) -> int:
+    """The object store's bytes in use, once at most `bound` (frees are asynchronous; a
+    hang guard of 30 s, then the assertion fails)."""
+    from cluster.ray_internals import object_store_stats
+
+    deadline = time.monotonic() + 30
+    while (used := object_store_stats()["bytes_used"]) > bound:
+        assert time.monotonic() < deadline, f"the object store holds {used} > {bound} bytes"
+        time.sleep(0.1)
+    return used
 
 
 def test_a_peer_pulls_what_a_dead_replica_computed(replicas, app) -> None:  # noqa: ANN001

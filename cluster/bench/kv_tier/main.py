@@ -23,7 +23,15 @@ the pull) to its first streamed token. Each round waits until the origin's block
 the directory, so the pull arms time a pull, not the publishing. One untimed round at the
 smallest length warms every replica (and the pull path) first, after two fresh prompts
 each engine computes. Greedy tokens of every arm
-must equal the recompute arm's: a mismatch is printed and the command exits 1.
+must equal the recompute arm's: a mismatch is printed and the command exits 1. Per round,
+the faster of `pull` and `recompute` (measured) is the right choice for `auto`: the report
+says in how many rounds auto made it (report.py).
+
+Then a multi-turn chat (cluster/bench/kv_tier/chat.py, --chat-turns 0: none) runs on 2
+replicas without the tier (recomp, fo_recomp: what kvray does today) and on 2 with it and
+the learned cost model (auto, and peer with its cost model turned into the learned one:
+the prefill prior for the forced one, the pull rates it measured kept), turns alternating
+between the two replicas: the prefix-hit rate and TTFT of both, the transcripts compared.
 
 It starts a local Ray of its own, or uses the one this process already joined (tests).
 """
@@ -39,7 +47,14 @@ from typing import Any
 
 from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
 from cluster.bench.common.result import write_result_json
-from cluster.bench.kv_tier.report import ARM_KEYS, crossover, summarize, tables
+from cluster.bench.kv_tier import chat as chat_part
+from cluster.bench.kv_tier.report import (
+    ARM_KEYS,
+    crossover,
+    picked_faster_overall,
+    summarize,
+    tables,
+)
 
 GIB = 1 << 30
 SUFFIX_LEN = 16
@@ -52,6 +67,9 @@ WARM_PROMPTS = 2
 ROLES = ("origin", "peer", "recomp", "auto", "fo_pull", "fo_recomp")
 FORCED = ("peer", "fo_pull")
 NO_TIER = ("recomp", "fo_recomp")
+# The chat's pairs of replicas (module doc); peer's cost model is unforced first.
+CHAT_TODAY = ("recomp", "fo_recomp")
+CHAT_TIER = ("auto", "peer")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,15 +87,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--threads", type=int, default=None, help="torch threads per replica (default: all cores)")
     a("--seed", type=int, default=0)
     a("--result-json", default=None, metavar="FILE", help="write the results as JSON")
+    chat_part.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     model_dir = bench_model_dir(args.model)
     max_tokens = args.failover_at + AFTER_FAILOVER
-    engine_kwargs, limit = _engine_kwargs(model_dir, args.prefix_lengths, max_tokens)
-    lengths = _lengths(args.prefix_lengths, limit, max_tokens, engine_kwargs.pop("_block"))
+    limit, block, per_token = _model_shape(model_dir)
+    lengths = _lengths(args.prefix_lengths, limit, max_tokens, block)
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
+    chat = chat_part.chat_config(args, limit)
+    longest = max(_parse(args.prefix_lengths)) if args.prefix_lengths else limit
+    tokens = min(longest, limit) + SUFFIX_LEN + max_tokens + block
+    if chat is not None:
+        tokens = max(tokens, chat.longest + block)
+    engine_kwargs = _engine_kwargs(model_dir, tokens, block, per_token)
     threads = args.threads or os.cpu_count() or 1
     print(
         f"kvray bench kv-tier: {model_dir}, prefix lengths {', '.join(map(str, lengths))}, "
@@ -97,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         )
     app = f"kv-tier-bench-{os.getpid()}-{int(time.time())}"
     try:
-        return _bench(args, app, engine_kwargs, lengths, max_tokens, threads, model_dir)
+        return _bench(args, app, engine_kwargs, lengths, max_tokens, threads, model_dir, chat)
     finally:
         from cluster.replica.kv_directory import delete_directory
 
@@ -114,6 +139,7 @@ def _bench(
     max_tokens: int,
     threads: int,
     model_dir: Path,
+    chat: chat_part.ChatConfig | None,
 ) -> int:
     import ray
     from tqdm import tqdm
@@ -158,10 +184,19 @@ def _bench(
                 bar.update()
         bar.close()
         stats = {role: ray.get(reps[role].stats.remote()) for role in ROLES if role not in NO_TIER}
+        chat_out = None
+        if chat is not None:
+            print(f"chat: {chat.conversations} conversations x {chat.turns} turns, twice")
+            ray.get(reps["peer"].unforce.remote())
+            chat_out = chat_part.run_chat(
+                chat, args.seed, ids, [reps[r] for r in CHAT_TODAY], [reps[r] for r in CHAT_TIER]
+            )
+            mismatches += chat_out["mismatches"]
+            chat_out["tier_stats_after"] = {r: ray.get(reps[r].stats.remote()) for r in CHAT_TIER}
     finally:
         for r in reps.values():
             ray.kill(r)
-    return _report(args, info, lengths, max_tokens, samples, mismatches, stats, model_dir)
+    return _report(args, info, lengths, max_tokens, samples, mismatches, stats, model_dir, chat_out)
 
 
 def _round(
@@ -218,6 +253,7 @@ def _report(
     mismatches: list[str],
     stats: dict[str, Any],
     model_dir: Path,
+    chat: dict[str, Any] | None,
 ) -> int:
     summary = summarize(samples)
     print()
@@ -226,18 +262,26 @@ def _report(
         f"length, TTFT inside the replica (attach included)"
     )
     print(tables(summary))
+    if chat is not None:
+        print("\n" + chat_part.table(chat))
     pull_at, _ = crossover(lengths, [summary[str(n)]["pull_over_recompute"] for n in lengths])
     pulled = min(summary[str(n)]["pull_blocks"] for n in lengths)
     if pulled == 0:
         print("\nWARNING: the pull arm pulled no blocks for some length: its times are recomputes")
     if mismatches:
         print("\n" + "!" * 72)
-        print(f"OUTPUT MISMATCH: {len(mismatches)} arm(s) differ from the recompute arm's tokens")
+        print(
+            f"OUTPUT MISMATCH: {len(mismatches)} arm(s) or chat turn(s) differ from the recompute "
+            "arm's tokens or from the chat's other run"
+        )
         for m in mismatches:
             print(f"  {m}")
         print("!" * 72)
     else:
-        print("\ngreedy outputs: every arm equals the recompute arm's tokens")
+        print(
+            "\ngreedy outputs: every arm equals the recompute arm's tokens"
+            + (", the chat's transcripts are the same in both runs" if chat else "")
+        )
     if args.result_json:
         payload = {
             "model": str(model_dir),
@@ -249,6 +293,8 @@ def _report(
             "max_tokens": max_tokens,
             "summary": summary,
             "pull_wins_from_tokens": pull_at,
+            "auto_picked_faster": picked_faster_overall(summary),
+            "chat": chat,
             "outputs_match": not mismatches,
             "mismatches": mismatches,
             "samples": {str(n): arms for n, arms in samples.items()},
@@ -261,31 +307,29 @@ def _report(
     return 1 if mismatches else 0
 
 
-def _engine_kwargs(
-    model_dir: Path, lengths_arg: str | None, max_tokens: int
-) -> tuple[dict[str, Any], int]:
-    """Every replica's EngineArgs (a KV cache and a host tier sized for the longest prompt
-    the model holds), and the model's max_model_len."""
+def _model_shape(model_dir: Path) -> tuple[int, int, float]:
+    """The model's max_model_len, KV block size and KV bytes per token."""
     from workers import EngineArgs
     from workers.kv_layout import kv_block_bytes
 
     config = EngineArgs(model=str(model_dir)).create_config()
-    limit, block = config.scheduler.max_model_len, config.cache.block_size
-    longest = max(_parse(lengths_arg)) if lengths_arg else limit
-    tokens = min(longest, limit) + SUFFIX_LEN + max_tokens + block
-    per_token = kv_block_bytes(config, 1) / block
+    block = config.cache.block_size
+    return config.scheduler.max_model_len, block, kv_block_bytes(config, 1) / block
+
+
+def _engine_kwargs(model_dir: Path, tokens: int, block: int, per_token: float) -> dict[str, Any]:
+    """Every replica's EngineArgs: a KV cache and a host tier sized for requests of up to
+    `tokens` tokens."""
     # Room for a few prompts of the longest length on the device, and one pulled in the host
     # tier beside what the device evicts into it.
     cache_bytes = int(4 * tokens * per_token) + 64 * block * int(per_token)
-    kwargs = {
+    return {
         "model": str(model_dir),
         "kv_events": True,
         "kv_share": True,
         "kv_offload_gib": 4 * tokens * per_token / GIB,
         "kv_cache_memory_bytes": cache_bytes,
-        "_block": block,
     }
-    return kwargs, limit
 
 
 def _parse(text: str) -> list[int]:

@@ -69,6 +69,19 @@ class TierReplica:
         self.share.listen(self.engine)
         return {"layout": self.share.layout, "block_bytes": self.share.block_bytes}
 
+    def unforce(self) -> dict[str, Any]:
+        """A forced replica's cost model turned into the learned one: the prefill prior in
+        place of the forced one (it never measured a prefill: a forced replica always pulls),
+        the pull rates it measured kept; from now on it learns from its requests."""
+        old = self.share.cost
+        self.share.cost = PullCost(
+            pull_bytes_per_s=old.pull_bytes_per_s,
+            pull_overhead_s=old.pull_overhead_s,
+            pulls_seen=old.pulls_seen,
+        )
+        self.forced = False
+        return self.share.stats()
+
     async def generate(
         self,
         prompt: list[int],
@@ -141,13 +154,14 @@ class TierReplica:
             "est_compute_s": cost.compute_seconds(n * self.share.block_size),
         }
 
-    async def wait_published(self, ids: list[int]) -> int:
+    async def wait_published(self, ids: list[int], timeout_s: float = PUBLISH_WAIT_S) -> int:
         """Waits until the directory lists every full block of context `ids` (the publishing
-        thread and the store put them on their own time); the number listed."""
+        thread and the store put them on their own time), at most `timeout_s`; the number
+        listed."""
         bs, hashes = self.share.block_size, []
         for i in range((len(ids) - 1) // bs):
             hashes.append(chain_hash(hashes[-1] if i else None, tuple(ids[i * bs : (i + 1) * bs])))
-        deadline = time.monotonic() + PUBLISH_WAIT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             found = await self.share.directory.lookup.remote(self.share.layout, hashes)
             if len(found) == len(hashes) or time.monotonic() > deadline:

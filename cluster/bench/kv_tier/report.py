@@ -1,6 +1,7 @@
 """What `kvray bench kv-tier` prints and writes: TTFT percentiles per arm and prefix length,
-the ratios that say what the tier buys, where pulling starts to win, and the cost model's
-estimates beside the measured times. No torch or Ray here (reachable from `kvray --help`)."""
+the ratios that say what the tier buys, where pulling starts to win, whether the learned cost
+model (the auto arm) picked the faster of pull and recompute, and its estimates beside the
+measured times. No torch or Ray here (reachable from `kvray --help`)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,44 @@ def summarize(samples: dict[int, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         }
         row["auto_est_pull_ms"] = _median([s.get("est_pull_s") for s in auto])
         row["auto_est_compute_ms"] = _median([s.get("est_compute_s") for s in auto])
+        row["auto_picked_faster"] = picked_faster(
+            arms.get("pull", []), arms.get("recompute", []), auto
+        )
         out[str(length)] = row
     return out
+
+
+def picked_faster(
+    pull: Sequence[dict[str, Any]],
+    recompute: Sequence[dict[str, Any]],
+    auto: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """In how many rounds the auto arm chose the faster of pulling and recomputing.
+
+    Round i's faster choice is the arm (forced pull or recompute) with the lower measured
+    TTFT; auto chose to pull when its outcome is "pulled", to recompute otherwise (a miss or
+    a failed pull computes too). A tie counts as right either way; a round missing a TTFT
+    is left out."""
+    right = rounds = 0
+    for p, r, a in zip(pull, recompute, auto, strict=True):
+        if p.get("ttft_s") is None or r.get("ttft_s") is None:
+            continue
+        rounds += 1
+        pulled = a.get("outcome") == "pulled"
+        if p["ttft_s"] == r["ttft_s"] or (p["ttft_s"] < r["ttft_s"]) == pulled:
+            right += 1
+    return _share(right, rounds)
+
+
+def picked_faster_overall(summary: dict[str, Any]) -> dict[str, Any]:
+    """picked_faster over every prefix length of `summary`."""
+    right = sum(row["auto_picked_faster"]["right"] for row in summary.values())
+    rounds = sum(row["auto_picked_faster"]["rounds"] for row in summary.values())
+    return _share(right, rounds)
+
+
+def _share(right: int, rounds: int) -> dict[str, Any]:
+    return {"right": right, "rounds": rounds, "share": right / rounds if rounds else math.nan}
 
 
 def _ratio(a: dict[str, float], b: dict[str, float]) -> float:
@@ -94,20 +131,47 @@ def tables(summary: dict[str, Any]) -> str:
     lines += [
         "",
         f"{'prefix':>7} {'pull/recompute':>15} {'failover p/r':>13} {'local/recompute':>16} "
-        f"{'blocks pulled':>14} {'auto chose':>22} {'est pull ms':>12} {'est compute ms':>15}",
+        f"{'blocks pulled':>14}",
     ]
     for n in lengths:
         row = summary[str(n)]
-        chose = ", ".join(f"{k} {v}" for k, v in sorted(row["auto_outcomes"].items(), key=str))
         pull, fo = row["pull_over_recompute"], row["failover_pull_over_recompute"]
         lines.append(
             f"{n:>7} {pull:>14.2f}x {fo:>12.2f}x {row['local_over_recompute']:>15.2f}x"
-            f" {row['pull_blocks']:>14} {chose:>22}"
-            f" {row['auto_est_pull_ms']:>12.1f} {row['auto_est_compute_ms']:>15.1f}"
+            f" {row['pull_blocks']:>14}"
         )
+    lines += ["", *auto_table(summary)]
     _, pull_at = crossover(lengths, [summary[str(n)]["pull_over_recompute"] for n in lengths])
     _, fo_at = crossover(
         lengths, [summary[str(n)]["failover_pull_over_recompute"] for n in lengths]
     )
     lines += ["", f"pulling beats recomputing from: {pull_at}", f"failover, the same: {fo_at}"]
     return "\n".join(lines)
+
+
+def auto_table(summary: dict[str, Any]) -> list[str]:
+    """The auto arm: what it chose, whether that was the faster arm, and its cost model's
+    estimates beside the measured medians of the forced pull and the recompute arm."""
+    lines = [
+        "auto (the learned cost model): its choice, and its estimates beside the measured p50s",
+        f"{'prefix':>7} {'auto chose':>22} {'picked the faster':>18} {'pull est / meas ms':>20}"
+        f" {'compute est / meas ms':>23}",
+    ]
+    for n in (int(k) for k in summary):
+        row = summary[str(n)]
+        chose = ", ".join(f"{k} {v}" for k, v in sorted(row["auto_outcomes"].items(), key=str))
+        est_pull = f"{row['auto_est_pull_ms']:.1f} / {row['pull']['p50_ms']:.1f}"
+        est_comp = f"{row['auto_est_compute_ms']:.1f} / {row['recompute']['p50_ms']:.1f}"
+        lines.append(
+            f"{n:>7} {chose:>22} {_of(row['auto_picked_faster']):>18} {est_pull:>20} {est_comp:>23}"
+        )
+    lines.append(
+        f"auto picked the faster of pull and recompute in {_of(picked_faster_overall(summary))} "
+        "rounds (the estimates: the transfer and the prefill only; measured: the whole TTFT)"
+    )
+    return lines
+
+
+def _of(got: dict[str, Any]) -> str:
+    share = "n/a" if math.isnan(got["share"]) else f"{got['share'] * 100:.0f} %"
+    return f"{got['right']} of {got['rounds']} ({share})"

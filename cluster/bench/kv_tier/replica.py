@@ -109,14 +109,16 @@ class TierReplica:
             inp = checker.check_resume(inp, [ResumedSample(0, tuple(resumed), 0)])
         estimate = self._estimate(len(prompt) + len(resumed or ()))
         before = dict(self.share.outcomes) if self.share is not None else {}
-        if self.share is not None:
-            inp = await self.share.attach(inp)
-        attach_s = time.perf_counter() - t0
         self._ids += 1
+        rid = f"kv-tier-{self._ids}"
+        if self.share is not None:
+            # The learned model completes a pull's cost from the request's first token.
+            inp = await self.share.attach(inp, None if self.forced else rid)
+        attach_s = time.perf_counter() - t0
         tokens: list[int] = []
         ttft = None
         final = None
-        stream = self.engine.generate_input(inp, f"kv-tier-{self._ids}")
+        stream = self.engine.generate_input(inp, rid)
         async with contextlib.aclosing(stream):  # closing early aborts the request
             async for out in stream:
                 if ttft is None and out.outputs and out.outputs[0].delta_token_ids:
@@ -128,7 +130,7 @@ class TierReplica:
                 if stop_after is not None and len(tokens) >= stop_after:
                     break
         if final is not None and self.share is not None and not self.forced:
-            self.share.observe_finished(final)  # the learned cost model's prefill rate
+            self.share.observe_finished(final)  # the learned cost model's rates
         outcome = None
         if self.share is not None:
             outcome = next((k for k, v in self.share.outcomes.items() if v != before[k]), None)

@@ -11,8 +11,9 @@ block; each block is owned by its node's store actor (cluster/replica/kv_store.p
 survives the replica that computed it as long as its node lives (a dead node's blocks are
 lost: the puller then recomputes).
 
-The store is bounded: `capacity_bytes` (`--kv-share-gib`) over every published block, least
-recently used (published or looked up) dropped first. Dropping the last reference frees the
+The store is bounded: `capacity_bytes` (`--kv-share-gib`, at most half the smallest node's
+object store) over every published block, least recently used (published or looked up)
+dropped first. Dropping the last reference frees the
 object; a peer in the middle of reading one keeps it until it is done (its borrowed
 reference). Blocks are keyed by (layout key, hash): an engine with another checkpoint,
 dtype, TP degree or block size (`workers.kv_layout.kv_layout_key`) never sees them.
@@ -24,12 +25,20 @@ it stops (`delete_directory`).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
 from cluster.head_actor import head_actor, kill_head_actor
 
+logger = logging.getLogger("ray.serve.kvray.kv_share")
+
 NAME_PREFIX = "kv-directory/"
+# The share of the smallest node's object store the tier may fill: one node's replicas can
+# publish every block of the application, and the rest of the store is for Ray's and Serve's
+# own objects. Past its budget the tier drops blocks (peers recompute); an object store pushed
+# past its memory would spill to disk instead, and every pull would read the disk.
+STORE_SHARE = 0.5
 
 
 class KvDirectory:
@@ -94,8 +103,25 @@ def directory_name(app_name: str) -> str:
 
 def directory_actor(app_name: str, capacity_bytes: int) -> Any:
     """The application's directory, created if it does not exist yet (the first replica's
-    capacity sizes it: every replica of one application has the same)."""
-    return head_actor(KvDirectory, directory_name(app_name), capacity_bytes)
+    capacity sizes it, within `tier_capacity`: every replica of one application has the
+    same)."""
+    return head_actor(KvDirectory, directory_name(app_name), tier_capacity(capacity_bytes))
+
+
+def tier_capacity(requested: int) -> int:
+    """`requested`, or STORE_SHARE of the smallest live node's object store if less."""
+    import ray
+
+    stores = [int(n["Resources"].get("object_store_memory", 0)) for n in ray.nodes() if n["Alive"]]
+    room = int(STORE_SHARE * min(stores)) if stores else requested
+    if requested > room:
+        logger.warning(
+            "cluster KV tier: %.2f GiB asked for, %.2f GiB used: half of the smallest node's "
+            "object store (a larger tier would spill it to disk)",
+            requested / (1 << 30),
+            room / (1 << 30),
+        )
+    return min(requested, room)
 
 
 def delete_directory(app_name: str) -> bool:

@@ -21,7 +21,7 @@ finds another repeat's blocks. Per prompt:
 TTFT is timed inside each replica, from the request's arrival (before the pull decision and
 the pull) to its first streamed token. Each round waits until the origin's blocks are in
 the directory, so the pull arms time a pull, not the publishing. One untimed round at the
-smallest length warms every replica (and the pull path) first, after two fresh prompts
+smallest length warms every replica (and the pull path) first, after four fresh prompts
 each engine computes. Greedy tokens of every arm
 must equal the recompute arm's: a mismatch is printed and the command exits 1. Per round,
 the faster of `pull` and `recompute` (measured) is the right choice for `auto`: the report
@@ -63,7 +63,7 @@ AFTER_FAILOVER = 8
 # The lengths asked for by default, on a model that holds them.
 DEFAULT_LENGTHS = (1024, 2048, 4096)
 # Fresh prompts each engine computes before the warm-up round.
-WARM_PROMPTS = 2
+WARM_PROMPTS = 4
 ROLES = ("origin", "peer", "recomp", "auto", "fo_pull", "fo_recomp")
 FORCED = ("peer", "fo_pull")
 NO_TIER = ("recomp", "fo_recomp")

@@ -305,3 +305,12 @@ def test_a_pulls_cost_is_completed_by_its_first_token() -> None:
     assert share.cost.prefills_seen == 0  # 100 tokens after a pull say nothing of the rate
     share.observe_finished(_finished("computed", 1000, 0, 20.0, 20.5))  # 2000 tokens/s
     assert share.cost.prefills_seen == 1 and share.cost.prefill_tokens_per_s > 1000.0
+
+
+def test_the_tier_takes_at_most_half_the_smallest_object_store(app) -> None:  # noqa: ANN001
+    import ray
+
+    stores = [n["Resources"]["object_store_memory"] for n in ray.nodes() if n["Alive"]]
+    stats = ray.get(directory_actor(app, 1 << 50).stats.remote())
+    assert 0 < stats["capacity_bytes"] <= min(stores) / 2
+    assert ray.get(directory_actor(app, 1 << 50).stats.remote()) == stats  # found, not resized

@@ -19,6 +19,8 @@ ARMS: tuple[tuple[str, str, str], ...] = (
     ("failover_recompute", "failover recomp", "the same, resumed on a replica without the tier"),
 )
 ARM_KEYS = tuple(k for k, _, _ in ARMS)
+# Pull and recompute within this share of each other: a tie (picked_faster).
+TIE = 0.1
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -71,24 +73,27 @@ def picked_faster(
 
     Round i's faster choice is the arm (forced pull or recompute) with the lower measured
     TTFT; auto chose to pull when its outcome is "pulled", to recompute otherwise (a miss or
-    a failed pull computes too). A tie counts as right either way; a round missing a TTFT
-    is left out."""
-    right = rounds = 0
+    a failed pull computes too). A round whose two arms are within TIE of each other is a
+    tie, counted apart (`ties`): one round's noise decides which is faster, and either choice
+    is as fast. A round missing a TTFT is left out."""
+    right = rounds = ties = 0
     for p, r, a in zip(pull, recompute, auto, strict=True):
         if p.get("ttft_s") is None or r.get("ttft_s") is None:
             continue
+        if abs(p["ttft_s"] - r["ttft_s"]) <= TIE * min(p["ttft_s"], r["ttft_s"]):
+            ties += 1
+            continue
         rounds += 1
-        pulled = a.get("outcome") == "pulled"
-        if p["ttft_s"] == r["ttft_s"] or (p["ttft_s"] < r["ttft_s"]) == pulled:
+        if (p["ttft_s"] < r["ttft_s"]) == (a.get("outcome") == "pulled"):
             right += 1
-    return _share(right, rounds)
+    return {**_share(right, rounds), "ties": ties}
 
 
 def picked_faster_overall(summary: dict[str, Any]) -> dict[str, Any]:
     """picked_faster over every prefix length of `summary`."""
-    right = sum(row["auto_picked_faster"]["right"] for row in summary.values())
-    rounds = sum(row["auto_picked_faster"]["rounds"] for row in summary.values())
-    return _share(right, rounds)
+    rows = [row["auto_picked_faster"] for row in summary.values()]
+    right, rounds = sum(r["right"] for r in rows), sum(r["rounds"] for r in rows)
+    return {**_share(right, rounds), "ties": sum(r["ties"] for r in rows)}
 
 
 def _share(right: int, rounds: int) -> dict[str, Any]:
@@ -165,9 +170,11 @@ def auto_table(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"{n:>7} {chose:>22} {_of(row['auto_picked_faster']):>18} {est_pull:>20} {est_comp:>23}"
         )
+    overall = picked_faster_overall(summary)
     lines.append(
-        f"auto picked the faster of pull and recompute in {_of(picked_faster_overall(summary))} "
-        "rounds (the estimates: the transfer and the prefill only; measured: the whole TTFT)"
+        f"auto picked the faster of pull and recompute in {_of(overall)} rounds where they "
+        f"differ by more than {TIE:.0%} ({overall['ties']} closer rounds: ties, not counted; "
+        "the estimates: the transfer and the prefill only; measured: the whole TTFT)"
     )
     return lines
 

@@ -43,11 +43,11 @@ def test_every_arm_runs_and_matches(ray_session: RaySession, tmp_path: Path) -> 
             s["cached_tokens"] >= s["pulled_blocks"] * 16 for s in result["samples"][n]["pull"]
         )
         picked = row["auto_picked_faster"]
-        assert picked["rounds"] == 1 and picked["right"] in (0, 1)
+        assert picked["rounds"] + picked["ties"] == 1 and picked["right"] <= picked["rounds"]
     assert result["tier_stats"]["peer"]["pulled_blocks"] > 0
     picked = result["auto_picked_faster"]
-    assert picked["rounds"] == 2 and 0 <= picked["right"] <= 2
-    assert picked["share"] == picked["right"] / 2
+    assert picked["rounds"] + picked["ties"] == 2 and 0 <= picked["right"] <= picked["rounds"]
+    assert picked["rounds"] == 0 or picked["share"] == picked["right"] / picked["rounds"]
 
     chat = result["chat"]
     assert chat["outputs_match"] and chat["mismatches"] == []

@@ -43,12 +43,16 @@ def test_auto_picked_the_faster_arm_per_round() -> None:
     recompute = [_s(0.04), _s(0.03), _s(0.04), _s(0.03)]
     # Round 0: pull faster, auto pulled (right). Round 1: recompute faster, auto pulled
     # (wrong). Round 2: pull faster, auto recomputed (wrong: a miss computes too). Round 3:
-    # a tie (right either way).
+    # a tie, counted apart.
     auto = [_s(0.02, "pulled"), _s(0.05, "pulled"), _s(0.04, "miss"), _s(0.03, "recompute")]
-    assert picked_faster(pull, recompute, auto) == {"right": 2, "rounds": 4, "share": 0.5}
+    got = picked_faster(pull, recompute, auto)
+    assert got == {"right": 1, "rounds": 3, "share": 1 / 3, "ties": 1}
+    # Within 10 % of each other: a tie, whatever auto chose.
+    assert picked_faster([_s(0.0105)], [_s(0.0100)], [_s(0.0105, "pulled")])["ties"] == 1
+    assert picked_faster([_s(0.0115)], [_s(0.0100)], [_s(0.0115, "pulled")])["right"] == 0
     # A round without a TTFT is left out; recompute faster and auto recomputed: right.
     got = picked_faster([_s(0.05), {"ttft_s": None}], [_s(0.03)] * 2, [_s(0.03, "recompute")] * 2)
-    assert got == {"right": 1, "rounds": 1, "share": 1.0}
+    assert got == {"right": 1, "rounds": 1, "share": 1.0, "ties": 0}
     assert math.isnan(picked_faster([], [], [])["share"])
 
 
@@ -64,9 +68,11 @@ def test_summary_and_tables_say_how_often_auto_was_right() -> None:
         "auto": [_s(0.02, "pulled"), _s(0.02, "pulled")],
     }
     summary = summarize({256: wrong, 1024: right})
-    assert summary["256"]["auto_picked_faster"] == {"right": 0, "rounds": 1, "share": 0.0}
+    assert summary["256"]["auto_picked_faster"] == {
+        "right": 0, "rounds": 1, "share": 0.0, "ties": 0
+    }  # fmt: skip
     assert summary["1024"]["auto_picked_faster"]["right"] == 2
-    assert picked_faster_overall(summary) == {"right": 2, "rounds": 3, "share": 2 / 3}
+    assert picked_faster_overall(summary) == {"right": 2, "rounds": 3, "share": 2 / 3, "ties": 0}
     text = tables(summary)
     assert "0 of 1 (0 %)" in text and "2 of 2 (100 %)" in text
     assert "in 2 of 3 (67 %) rounds" in text

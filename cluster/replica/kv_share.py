@@ -258,6 +258,7 @@ class KvShare:
             "pull_bytes_per_s": self.cost.pull_bytes_per_s,
             "pull_overhead_s": self.cost.pull_overhead_s,
             "prefill_tokens_per_s": self.cost.prefill_tokens_per_s,
+            "prefill_fixed_s": self.cost.prefill_fixed_s,
         }
 
     def observe_finished(self, out: RequestOutput) -> None:
@@ -273,7 +274,7 @@ class KvShare:
             self.cost.observe_prefill(computed, engine_s)
             return
         nbytes, fetch_s = pull
-        restore_s = max(0.0, engine_s - self.cost.compute_seconds(computed))
+        restore_s = max(0.0, engine_s - self.cost.first_token_seconds(computed))
         self.cost.observe_pull(nbytes, fetch_s + restore_s)
 
 

@@ -22,10 +22,10 @@ TTFT is timed inside each replica, from the request's arrival (before the pull d
 the pull) to its first streamed token. Each round waits until the origin's blocks are in
 the directory, so the pull arms time a pull, not the publishing. One untimed round at the
 smallest length warms every replica (and the pull path) first, after four fresh prompts
-each engine computes. Greedy tokens of every arm
-must equal the recompute arm's: a mismatch is printed and the command exits 1. Per round,
-the faster of `pull` and `recompute` (measured) is the right choice for `auto`: the report
-says in how many rounds auto made it (report.py).
+each engine computes (two at the smallest length, two at the middle one). Greedy tokens of
+every arm must equal the recompute arm's: a mismatch is printed and the command exits 1. Per
+round, the faster of `pull` and `recompute` (measured) is the right choice for `auto`: the
+report says in how many rounds auto made it (report.py).
 
 Then a multi-turn chat (cluster/bench/kv_tier/chat.py, --chat-turns 0: none) runs on 2
 replicas without the tier (recomp, fo_recomp: what kvray does today) and on 2 with it and
@@ -162,11 +162,13 @@ def _bench(
         )
         ids = sampleable_token_ids(model_dir)
         rng = random.Random(args.seed)
-        # Warm-up: fresh prompts on every engine (the auto replica's cost model learns its
-        # prefill rate from them), then one untimed round through every arm.
+        # Warm-up: fresh prompts on every engine, half at the smallest length and half at
+        # the middle one (the auto replica's cost model fits its prefill's fixed cost and
+        # marginal rate to them), then one untimed round through every arm.
+        warm = [lengths[0], lengths[len(lengths) // 2]] * (WARM_PROMPTS // 2)
         for role in ROLES:
-            for _ in range(WARM_PROMPTS):
-                prefix, _, suffix = _prompt(rng, ids, lengths[0])
+            for n in warm:
+                prefix, _, suffix = _prompt(rng, ids, n)
                 ray.get(reps[role].generate.remote(prefix + suffix, 1))
         _round(reps, _prompt(rng, ids, lengths[0]), max_tokens, args.failover_at)
         samples: dict[int, dict[str, list[dict[str, Any]]]] = {

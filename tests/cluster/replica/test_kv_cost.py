@@ -65,3 +65,16 @@ def test_the_figures_follow_the_recent_measurements() -> None:
     for _ in range(WINDOW // 2 + 1):
         cost.observe_prefill(1000, 0.5)  # then the replica is loaded: 2k tokens/s
     assert cost.prefill_tokens_per_s == 2000
+
+
+def test_prefills_of_several_lengths_give_the_marginal_rate_and_the_fixed_cost() -> None:
+    """5 ms per step plus 50 us per token: computing 1000 more tokens adds 50 ms, whatever
+    the step costs; one cold outlier does not bend the line."""
+    cost = PullCost()
+    for tokens in (100, 400, 1000, 2000, 100, 400):
+        cost.observe_prefill(tokens, 0.005 + tokens / 20_000)
+    cost.observe_prefill(1000, 2.0)  # a cold start
+    assert abs(cost.prefill_tokens_per_s - 20_000) < 1
+    assert abs(cost.prefill_fixed_s - 0.005) < 1e-6
+    assert abs(cost.compute_seconds(1000) - 0.05) < 1e-6
+    assert abs(cost.first_token_seconds(100) - 0.01) < 1e-6

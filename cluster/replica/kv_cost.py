@@ -4,6 +4,11 @@ by this replica's own measured figures.
     pull    = overhead_s + bytes / pull_bytes_per_s
     compute = tokens / prefill_tokens_per_s
 
+A pull first asks the application's directory which blocks are published (lookup_s): the
+replica looks up only when a pull of every missing block could beat computing them with the
+lookup added, and once it has the answer the lookup is spent either way, so the pull is
+weighed without it. Short prompts thus skip the round trip entirely.
+
 Compute is the prefill's marginal cost: the step's fixed cost (scheduling, sampling the
 first token) is paid either way, since the rest of the prompt is computed after a pull too.
 Every finished request that computed its prompt gives a point (prompt tokens computed, not
@@ -26,9 +31,11 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# Priors: Ray's object store on one node moves GB/s; a CPU prefill does thousands of tokens/s.
+# Priors: Ray's object store on one node moves GB/s; a CPU prefill does thousands of tokens/s;
+# an actor call on the head node takes a millisecond or two.
 PRIOR_PULL_BYTES_PER_S = 2e9
 PRIOR_PULL_OVERHEAD_S = 0.002
+PRIOR_LOOKUP_S = 0.002
 PRIOR_PREFILL_TOKENS_PER_S = 2000.0
 # Measurements each figure is the median of.
 WINDOW = 16
@@ -51,11 +58,13 @@ class PullCost:
     pull_overhead_s: float = PRIOR_PULL_OVERHEAD_S
     prefill_tokens_per_s: float = PRIOR_PREFILL_TOKENS_PER_S  # the marginal rate
     prefill_fixed_s: float = 0.0
+    lookup_s: float = PRIOR_LOOKUP_S
     pulls_seen: int = 0
     prefills_seen: int = 0
     _rates: deque[float] = field(default_factory=_window, repr=False)  # large pulls' bytes/s
     _fixed: deque[float] = field(default_factory=_window, repr=False)  # small pulls' fixed s
     _prefills: deque[tuple[int, float]] = field(default_factory=_window, repr=False)
+    _lookups: deque[float] = field(default_factory=_window, repr=False)
 
     def pull_seconds(self, nbytes: int) -> float:
         return self.pull_overhead_s + nbytes / self.pull_bytes_per_s
@@ -70,6 +79,15 @@ class PullCost:
 
     def worth_pulling(self, tokens: int, nbytes: int) -> bool:
         return self.pull_seconds(nbytes) < self.compute_seconds(tokens)
+
+    def worth_looking_up(self, tokens: int, nbytes: int) -> bool:
+        """Whether pulling all of `tokens` (`nbytes`), found at the cost of a lookup, could
+        beat computing them."""
+        return self.lookup_s + self.pull_seconds(nbytes) < self.compute_seconds(tokens)
+
+    def observe_lookup(self, seconds: float) -> None:
+        self._lookups.append(max(seconds, 0.0))
+        self.lookup_s = statistics.median(self._lookups)
 
     def observe_pull(self, nbytes: int, seconds: float) -> None:
         """One pull of `nbytes` took `seconds`: the part past the overhead is the transfer."""

@@ -176,6 +176,10 @@ class KvShare:
             local = next((i for i, h in enumerate(hashes) if h not in self._mirror), len(hashes))
         if local == len(hashes):
             return inp  # all on the device already (or no full block)
+        missing = len(hashes) - local
+        if not self.cost.worth_looking_up(missing * bs, missing * self.block_bytes):
+            why = f"{missing} blocks compute faster than a lookup and a pull would take"
+            return self._decided(inp, "recompute", why)
         t0 = time.perf_counter()
         try:
             found = await asyncio.wait_for(
@@ -183,8 +187,11 @@ class KvShare:
             )
         except Exception as err:  # noqa: BLE001 - the directory restarting, gone: recompute
             return self._decided(inp, "failed", f"lookup failed: {err}")
+        t1 = time.perf_counter()
+        self.cost.observe_lookup(t1 - t0)
         if not found:
-            return self._decided(inp, "miss", f"{len(hashes) - local} blocks not published")
+            return self._decided(inp, "miss", f"{missing} blocks not published")
+        # From here the lookup is spent either way: pulling is weighed without it.
         tokens, nbytes = len(found) * bs, len(found) * self.block_bytes
         if not self.cost.worth_pulling(tokens, nbytes):
             why = (
@@ -199,7 +206,8 @@ class KvShare:
         except Exception as err:  # noqa: BLE001 - lost with its node, evicted, timed out
             return self._decided(inp, "failed", f"pull of {len(found)} blocks failed: {err}")
         blocks = self._checked(payloads, hashes[local:], ids, local, salt)
-        seconds = time.perf_counter() - t0
+        done = time.perf_counter()
+        seconds = done - t1  # the fetch and the checks: what the cost model weighs
         if not blocks:
             return self._decided(inp, "failed", "no pulled block passed its checks")
         pulled = sum(b.num_bytes for b in blocks)
@@ -211,8 +219,8 @@ class KvShare:
                 self._pending.popitem(last=False)
         self.pulled_blocks += len(blocks)
         if self.metrics is not None:
-            self.metrics.pulled(len(blocks) * bs, seconds)
-        why = f"{len(blocks)} blocks ({pulled} bytes) in {seconds * 1e3:.1f} ms"
+            self.metrics.pulled(len(blocks) * bs, done - t0)  # the lookup too
+        why = f"{len(blocks)} blocks ({pulled} bytes) in {(done - t0) * 1e3:.1f} ms"
         return self._decided(replace(inp, kv_blocks=tuple(blocks)), "pulled", why)
 
     def _checked(
@@ -257,6 +265,7 @@ class KvShare:
             "pulled_blocks": self.pulled_blocks,
             "pull_bytes_per_s": self.cost.pull_bytes_per_s,
             "pull_overhead_s": self.cost.pull_overhead_s,
+            "lookup_s": self.cost.lookup_s,
             "prefill_tokens_per_s": self.cost.prefill_tokens_per_s,
             "prefill_fixed_s": self.cost.prefill_fixed_s,
         }

@@ -174,7 +174,8 @@ def auto_table(summary: dict[str, Any]) -> list[str]:
     lines.append(
         f"auto picked the faster of pull and recompute in {_of(overall)} rounds where they "
         f"differ by more than {TIE:.0%} ({overall['ties']} closer rounds: ties, not counted; "
-        "the estimates: the transfer and the prefill only; measured: the whole TTFT)"
+        "the estimates: the pull after its lookup and the prefill's marginal cost; measured: "
+        "whole TTFTs)"
     )
     return lines
 

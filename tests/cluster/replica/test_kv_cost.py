@@ -78,3 +78,15 @@ def test_prefills_of_several_lengths_give_the_marginal_rate_and_the_fixed_cost()
     assert abs(cost.prefill_fixed_s - 0.005) < 1e-6
     assert abs(cost.compute_seconds(1000) - 0.05) < 1e-6
     assert abs(cost.first_token_seconds(100) - 0.01) < 1e-6
+
+
+def test_a_prompt_too_short_to_pay_for_a_lookup_skips_it() -> None:
+    cost = PullCost(prefill_tokens_per_s=20_000.0)
+    for _ in range(3):
+        cost.observe_lookup(0.004)
+    assert cost.lookup_s == 0.004
+    # 64 tokens compute in 3.2 ms: not even a free pull beats that after a 4 ms lookup.
+    assert not cost.worth_looking_up(64, 64 * 1024)
+    # Once looked up, the lookup is spent: a 2 ms pull beats 3.2 ms of computing.
+    assert cost.worth_pulling(64, 0)
+    assert cost.worth_looking_up(1024, 1 * MIB)

@@ -142,7 +142,7 @@ def ray_session(demo_dir: Path) -> Iterator[RaySession]:
     }
     keys = (*RAY_ENV, *haproxy_ports, "KVRAY_API_KEY", *SERVE_ENV, *LOCAL_SERVE_ENV)
     saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(RAY_ENV)
+    os.environ.update(RAY_ENV)  # before apply_serve_env: its defaults do not override these
     os.environ.update(haproxy_ports)
     os.environ.pop("KVRAY_API_KEY", None)
     apply_serve_env()

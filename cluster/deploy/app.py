@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ServeConfig
+from cluster.deploy.serve_env import GRACEFUL_SHUTDOWN_WAIT_LOOP_S
 from cluster.ray_internals import pin_code_version
 from cluster.replica.llm_server import LLMServer
 from cluster.routing.kv_router import KV_ROUTER_CLASS_PATH
@@ -134,6 +135,7 @@ def llm_server_options(config: ServeConfig) -> dict[str, Any]:
         # Stopped (scale-down, redeploy): in-flight requests run on for this long; Serve then
         # kills the replica and the ingresses move what is left elsewhere (migration).
         "graceful_shutdown_timeout_s": config.replicas.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
     }
     autoscaling = config.autoscaling_config()
     if autoscaling is not None:
@@ -178,4 +180,5 @@ def ingress_options(config: ServeConfig, draining: bool = False) -> dict[str, An
         "graceful_shutdown_timeout_s": max(
             GRACEFUL_SHUTDOWN_TIMEOUT_S, config.replicas.graceful_shutdown_timeout_s
         ),
+        "graceful_shutdown_wait_loop_s": GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
     }

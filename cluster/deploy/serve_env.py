@@ -22,6 +22,12 @@ import shutil
 import socket
 from collections.abc import Callable, MutableMapping
 
+# Every kvray deployment's graceful_shutdown_wait_loop_s: how often a stopping replica
+# counts its ongoing requests (Serve's default: 2 s). Serve sleeps one period before the
+# first count, so an idle replica took 2 s to stop (every scale-down, redeploy and
+# shutdown); counting is cheap.
+GRACEFUL_SHUTDOWN_WAIT_LOOP_S = 0.2
+
 SERVE_ENV: dict[str, str] = {
     # Handle -> replica and proxy -> ingress calls over gRPC instead of Ray actor calls
     # that put every streamed chunk through the object store.

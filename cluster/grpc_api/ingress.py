@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import ServeConfig
+from cluster.deploy.serve_env import GRACEFUL_SHUTDOWN_WAIT_LOOP_S
 from cluster.ray_internals import HEAD_NODE_RESOURCE
 
 logger = logging.getLogger("kvray.grpc")
@@ -90,6 +91,7 @@ def grpc_ingress_options(config: ServeConfig, settings: GrpcSettings) -> dict[st
         "ray_actor_options": actor,
         # Serve waits this long for __del__ (drain + grace) before killing the replica.
         "graceful_shutdown_timeout_s": settings.drain_s + settings.grace_s + 5.0,
+        "graceful_shutdown_wait_loop_s": GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
         "health_check_period_s": 5.0,
     }
 

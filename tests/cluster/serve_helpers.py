@@ -20,6 +20,10 @@ RAY_ENV: dict[str, str] = {
     # meets a deployment scaled to zero while its last replica stops waits for that report
     # before a replica starts (tests/cluster/controller): every second here.
     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+    # A deleted app's ingress stays open this long for HAProxy to drop it (kvray's local
+    # default: 2 s, cluster/deploy/serve_env.py); HAProxy on this machine drops it within a
+    # fraction of a second, and the tests delete an app once they are done with it.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0.5",
 }
 # A small KV cache per replica: plenty for the tests, little memory for 4-6 replicas.
 KV_CACHE_BYTES = 64 * 1024 * 1024

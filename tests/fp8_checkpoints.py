@@ -72,11 +72,13 @@ def make_fp8_checkpoint(
     moe_intermediate_size: int = 256,
     intermediate_size: int = 512,
     quantization: dict[str, Any] | None = None,
+    quantize: bool = True,
     seed: int = 0,
 ) -> Path:
     """Write a tiny random FP8 checkpoint of `kind` (one of FP8_KINDS) into `path`. Qwen3-MoE:
     layer 0 dense (mlp_only_layers), layer 1 sparse; `num_experts`, `top_k` and the experts'
-    `moe_intermediate_size` are its MoE settings."""
+    `moe_intermediate_size` are its MoE settings. quantize=False: the same model before
+    quantization (float32, no quantization_config), to compare bytes with."""
     import torch
 
     if kind not in _SPECS:
@@ -116,13 +118,14 @@ def make_fp8_checkpoint(
         "modules_to_not_convert": skip,
         **(quantization or {}),
     }
-    saved = json.loads((path / "config.json").read_text())
-    saved["quantization_config"] = {k: v for k, v in qcfg.items() if v is not None}
-    (path / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
+    if quantize:
+        saved = json.loads((path / "config.json").read_text())
+        saved["quantization_config"] = {k: v for k, v in qcfg.items() if v is not None}
+        (path / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         t = t * _STD_SCALE if t.dim() == 2 and not name.endswith("embed_tokens.weight") else t
-        if _quantized(name):
+        if quantize and _quantized(name):
             q, s = quantize_blocks(t)
             out[name], out[name.removesuffix("weight") + "weight_scale_inv"] = q, s
         else:

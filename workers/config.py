@@ -12,6 +12,7 @@ from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_de
 from workers.hf_config import eos_ids, settled_config
 from workers.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
+from workers.quantization import QuantizationConfig, check_quantized_tensor_parallel
 from workers.rope_config import RopeConfig
 
 SUPPORTED_ARCHITECTURES = (
@@ -61,6 +62,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     moe: MoeConfig | None = None  # mixture-of-experts MLPs (workers/moe_config.py)
     gemma: GemmaConfig | None = None  # Gemma 3 layers (workers/gemma_config.py)
+    quantization: QuantizationConfig | None = None  # None: full precision (workers/quantization.py)
 
     def kv_heads_per_rank(self, tp_size: int) -> int:
         """KV heads split across ranks; replicated when there are more ranks than KV heads."""
@@ -93,9 +95,11 @@ class ModelConfig:
         self.kv_heads_per_rank(tp_size)
         if self.moe is not None:
             self.moe.check_tensor_parallel(tp_size)
+        check_quantized_tensor_parallel(self, tp_size)
 
     @staticmethod
-    def from_pretrained(path: str | Path) -> ModelConfig:
+    def from_pretrained(path: str | Path, quant: str = "auto") -> ModelConfig:
+        """`quant`: EngineArgs.quantization (workers/quantization.py)."""
         path = Path(path)
         if not path.is_dir():
             raise ValueError(f"model directory {str(path)!r} does not exist")
@@ -112,11 +116,8 @@ class ModelConfig:
                 f"unsupported architecture {archs!r} in {cfg_file}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        missing = [
-            k
-            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-            if k not in cfg
-        ]
+        required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        missing = [k for k in required if k not in cfg]
         if missing:
             raise ValueError(f"{cfg_file} is missing {', '.join(missing)}")
         # Every setting as transformers reads it, whichever version wrote the file (first
@@ -154,6 +155,7 @@ class ModelConfig:
             eos_token_ids=eos_ids(path, cfg),
             moe=MoeConfig.from_hf(arch, cfg, int(cfg["num_hidden_layers"])),
             gemma=gemma,
+            quantization=QuantizationConfig.from_hf(arch, cfg.get("quantization_config"), quant),
         )
 
 
@@ -252,6 +254,7 @@ class EngineArgs:
     # GiB of host memory keeping evicted prefix-cache blocks (workers/core/host_tier.py); 0: off.
     kv_offload_gib: float = 0.0
     kv_share: bool = False  # CacheConfig.kv_share
+    quantization: str = "auto"  # "auto" | "none" | "fp8": workers/quantization.py
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -261,7 +264,7 @@ class EngineArgs:
             from workers.demo import demo_model_dir
 
             model_path = str(demo_model_dir())
-        model = ModelConfig.from_pretrained(model_path)
+        model = ModelConfig.from_pretrained(model_path, self.quantization)
         if self.enable_expert_parallel:
             if model.moe is None:
                 raise ValueError("enable_expert_parallel needs a mixture-of-experts model")

@@ -25,6 +25,7 @@ from workers.config import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_STEP_TIMEOUT_S,
 )
+from workers.quantization import QUANTIZATION_CHOICES
 
 DEMO_MODEL_NAME = "kvray-demo"
 DEVICES = ("auto", "cpu", "cuda")
@@ -96,6 +97,15 @@ class EngineSettings:
         "few per cent more throughput, on a GPU faster decode steps but not yet a faster run, "
         "for seconds of start-up per engine",
         MODEL_GROUP,
+        engine=True,
+    )
+    # workers/quantization.py: what config.json's quantization_config says, forced or refused.
+    quantization: str = setting(
+        "auto",
+        "auto: what the checkpoint's quantization_config says (FP8 block-scaled is supported); "
+        "fp8: refuse a checkpoint that is not FP8; none: refuse a quantized checkpoint",
+        MODEL_GROUP,
+        choices=QUANTIZATION_CHOICES,
         engine=True,
     )
     # "auto" reaches the engine as None: it picks (cuda if visible).
@@ -188,6 +198,7 @@ class EngineSettings:
         )
         need_choice(self, "device", DEVICES)
         need_choice(self, "attention_backend", ATTENTION_BACKENDS)
+        need_choice(self, "quantization", QUANTIZATION_CHOICES)
         need(
             not self.async_scheduling or self.tensor_parallel_size == 1,
             "async_scheduling",

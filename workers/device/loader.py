@@ -2,6 +2,11 @@
 
 Each tensor is read through safetensors' lazy slices (memory-mapped), so a rank reads only
 the rows/columns it owns and peak host memory stays near one shard, never the full model.
+
+An FP8 checkpoint's projections (workers/quantization.py) are read as they are stored,
+float8_e4m3fn, with their `weight_scale_inv` grids sliced along the same split, block for
+block (`_linear`); a weight in the wrong dtype, a scale grid of the wrong shape, a missing
+scale or a shard that cuts a block is refused with the tensor named.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -17,8 +23,10 @@ from safetensors import safe_open
 from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
 from workers.device.layers.embedding import padded_vocab
+from workers.device.layers.fp8_linear import FP8_DTYPE, blocks
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.models.llama import LlamaForCausalLM
+from workers.quantization import FP8_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,8 @@ def _full(s) -> torch.Tensor:  # noqa: ANN001
 
 class _Target:
     """Where one checkpoint tensor goes: a parameter, an offset into its rows, a slicer, and
-    what turns the checkpoint's values into the parameter's (Gemma's norms fold 1 + w)."""
+    what turns the checkpoint's values into the parameter's (Gemma's norms fold 1 + w);
+    `full_shape`: the whole tensor's shape, checked before slicing (an FP8 scale grid)."""
 
     def __init__(
         self,
@@ -63,15 +72,23 @@ class _Target:
         slicer: Slicer,
         row_offset: int | None = None,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        full_shape: tuple[int, ...] | None = None,
     ):
         self.param, self.slicer, self.row_offset = param, slicer, row_offset
-        self.transform = transform
+        self.transform, self.full_shape = transform, full_shape
 
     def load(self, lazy) -> None:  # noqa: ANN001
+        shape = tuple(lazy.get_shape())
+        if self.full_shape is not None and shape != self.full_shape:
+            raise ValueError(
+                f"FP8 scale grid of shape {shape}, expected {self.full_shape} "
+                f"(one scale per 128x128 block of the weight)"
+            )
         t = self.slicer(lazy)
         if self.transform is not None:
             t = self.transform(t)
         dst = self.param.data
+        _check_dtype(t.dtype, dst.dtype)
         if self.row_offset is not None:
             dst = dst[self.row_offset : self.row_offset + t.shape[0]]
         if dst.shape != t.shape:
@@ -79,6 +96,85 @@ class _Target:
                 f"shape mismatch: checkpoint {tuple(t.shape)} vs model {tuple(dst.shape)}"
             )
         dst.copy_(t.to(dst.dtype))
+
+
+def _check_dtype(stored: torch.dtype, held: torch.dtype) -> None:
+    """An FP8 parameter takes only FP8 values, and FP8 values only an FP8 parameter: a cast
+    either way would serve wrong weights silently."""
+    if held == FP8_DTYPE and stored != FP8_DTYPE:
+        raise ValueError(
+            f"stored as {stored}, but an FP8 checkpoint's attention and MLP projections must "
+            "be float8_e4m3fn with a weight_scale_inv (projections kept in full precision "
+            "are not supported yet)"
+        )
+    if stored == FP8_DTYPE and held != FP8_DTYPE:
+        raise ValueError(
+            f"stored as {stored}, but kvray holds this tensor in {held}: only the attention "
+            "and MLP projections of a checkpoint whose quantization_config says fp8 are read "
+            "as FP8 (quantized embeddings, LM heads and MoE routers are not supported yet)"
+        )
+    if held == torch.float32 and stored not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"stored as {stored}, expected a floating-point tensor")
+
+
+@dataclass(frozen=True)
+class _Split:
+    """This rank's part of a projection: [start, start + size) of the checkpoint's `full`
+    rows (column-parallel) or columns (row-parallel), among `ranks` ranks."""
+
+    axis: str  # "rows" | "cols"
+    start: int
+    size: int
+    full: int
+    ranks: int
+
+    def slicer(self, start: int, size: int) -> Slicer:
+        return (_rows if self.axis == "rows" else _cols)(start, size)
+
+
+def _linear(
+    name: str,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    split: _Split,
+    offsets: tuple[int, int] | None = None,
+) -> dict[str, _Target]:
+    """Projection `name`'s targets: `weight` (a parameter, or one expert's slot) takes the
+    rank's `split`, at row `offsets[0]` of a fused weight (None: the whole parameter). An FP8
+    layer's (`scale` not None) scale grid takes the blocks of that split, at grid row
+    `offsets[1]`."""
+    row, grid_row = offsets if offsets is not None else (None, None)
+    out = {f"{name}.weight": _Target(weight, split.slicer(split.start, split.size), row)}
+    if scale is None:
+        return out
+    start, end = split.start, split.start + split.size
+    if start % FP8_BLOCK or (split.size % FP8_BLOCK and end != split.full):
+        raise ValueError(
+            f"{name}: tensor_parallel_size ({split.ranks}) gives a rank {split.axis} "
+            f"[{start}, {end}) of {split.full}, which cuts its FP8 {FP8_BLOCK}x{FP8_BLOCK} "
+            f"scale blocks"
+        )
+    first = start // FP8_BLOCK
+    if split.axis == "rows":
+        grid = (blocks(split.full), blocks(weight.shape[-1]))
+    else:
+        grid = (blocks(weight.shape[-2]), blocks(split.full))
+    grid_slicer = split.slicer(first, blocks(end) - first)
+    out[f"{name}.weight_scale_inv"] = _Target(scale, grid_slicer, grid_row, full_shape=grid)
+    return out
+
+
+def _proj(
+    name: str, module: torch.nn.Module, split: _Split, part: int | None = None
+) -> dict[str, _Target]:
+    """`_linear` of a projection module (full precision or FP8: fp8_linear.py), its fused
+    part `part` (None: not fused)."""
+    scale = getattr(module, "weight_scale_inv", None)
+    offsets = None
+    if part is not None:
+        grid_row = module.scale_offset(part) if scale is not None else 0
+        offsets = (module.part_offset(part), grid_row)
+    return _linear(name, module.weight, scale, split, offsets)
 
 
 def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, _Target]:
@@ -112,26 +208,28 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
         for norm in _LAYER_NORMS:  # Gemma 3 has all four, the others the first two
             if hasattr(layer, norm):
                 out[p + f"{norm}.weight"] = _norm(getattr(layer, norm))
-        for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
-            param = getattr(qkv, kind)
-            out[p + f"self_attn.q_proj.{kind}"] = _Target(param, _rows(tp.rank * q_per, q_per), 0)
-            out[p + f"self_attn.k_proj.{kind}"] = _Target(
-                param, _rows(kv_start, kv_per), qkv.part_offset(1)
-            )
-            out[p + f"self_attn.v_proj.{kind}"] = _Target(
-                param, _rows(kv_start, kv_per), qkv.part_offset(2)
-            )
-        out[p + "self_attn.o_proj.weight"] = _Target(a.o_proj.weight, _cols(tp.rank * q_per, q_per))
+        if c.qkv_bias:
+            out[p + "self_attn.q_proj.bias"] = _Target(qkv.bias, _rows(tp.rank * q_per, q_per), 0)
+            for i_part, part in ((1, "k_proj"), (2, "v_proj")):
+                out[p + f"self_attn.{part}.bias"] = _Target(
+                    qkv.bias, _rows(kv_start, kv_per), qkv.part_offset(i_part)
+                )
+        q_split = _Split("rows", tp.rank * q_per, q_per, c.num_heads * hd, tp.size)
+        kv_split = _Split("rows", kv_start, kv_per, c.num_kv_heads * hd, tp.size)
+        for j, (part, split) in enumerate((("q", q_split), ("k", kv_split), ("v", kv_split))):
+            out.update(_proj(p + f"self_attn.{part}_proj", qkv, split, j))
+        o_split = replace(q_split, axis="cols")
+        out.update(_proj(p + "self_attn.o_proj", a.o_proj, o_split))
         if a.q_norm is not None:
             out[p + "self_attn.q_norm.weight"] = _norm(a.q_norm)
             out[p + "self_attn.k_norm.weight"] = _norm(a.k_norm)
         if isinstance(m, SparseMoeBlock):
-            out.update(_moe_targets(p, m, c))
+            out.update(_moe_targets(p, m, c, tp.size))
             continue
-        gu = m.gate_up_proj.weight
-        out[p + "mlp.gate_proj.weight"] = _Target(gu, _rows(tp.rank * inter, inter), 0)
-        out[p + "mlp.up_proj.weight"] = _Target(gu, _rows(tp.rank * inter, inter), inter)
-        out[p + "mlp.down_proj.weight"] = _Target(m.down_proj.weight, _cols(tp.rank * inter, inter))
+        mlp_split = _Split("rows", tp.rank * inter, inter, c.intermediate_size, tp.size)
+        for j, part in enumerate(("gate_proj", "up_proj")):
+            out.update(_proj(p + f"mlp.{part}", m.gate_up_proj, mlp_split, j))
+        out.update(_proj(p + "mlp.down_proj", m.down_proj, replace(mlp_split, axis="cols")))
     return out
 
 
@@ -149,7 +247,9 @@ def _norm(module: torch.nn.Module) -> _Target:
     return _Target(module.weight, _full, transform=getattr(module, "from_checkpoint", None))
 
 
-def _moe_targets(prefix: str, m: SparseMoeBlock, c: ModelConfig) -> dict[str, _Target]:
+def _moe_targets(
+    prefix: str, m: SparseMoeBlock, c: ModelConfig, tp_size: int
+) -> dict[str, _Target]:
     """A sparse layer's router and experts: each checkpoint expert's gate/up/down matrices go
     into this rank's slot of the stacked weights, sliced to its part of the intermediate dim."""
     assert c.moe is not None
@@ -162,17 +262,22 @@ def _moe_targets(prefix: str, m: SparseMoeBlock, c: ModelConfig) -> dict[str, _T
         e = part.local_index(expert)
         name = f"{block}.experts.{expert}."
         if e is None:  # held by another rank (expert parallelism): expected, never read
-            for n in _expert_names(name, c.moe.expert_names):
+            for n in _expert_names(name, c.moe.expert_names, m.w13_scale_inv is not None):
                 out[n] = _SKIP
             continue
-        out[name + f"{gate_name}.weight"] = _Target(m.w13[e], _rows(start, inter), 0)
-        out[name + f"{up_name}.weight"] = _Target(m.w13[e], _rows(start, inter), inter)
-        out[name + f"{down_name}.weight"] = _Target(m.w2[e], _cols(start, inter))
+        split = _Split("rows", start, inter, c.moe.intermediate_size, tp_size)
+        s13 = None if m.w13_scale_inv is None else m.w13_scale_inv[e]
+        s2 = None if m.w2_scale_inv is None else m.w2_scale_inv[e]
+        for j, proj in enumerate((gate_name, up_name)):  # gate rows first, then up's
+            offsets = (j * inter, j * blocks(inter))
+            out.update(_linear(name + proj, m.w13[e], s13, split, offsets))
+        out.update(_linear(name + down_name, m.w2[e], s2, replace(split, axis="cols")))
     return out
 
 
-def _expert_names(prefix: str, names: tuple[str, str, str]) -> list[str]:
-    return [f"{prefix}{n}.weight" for n in names]
+def _expert_names(prefix: str, names: tuple[str, str, str], fp8: bool) -> list[str]:
+    suffixes = ("weight", "weight_scale_inv") if fp8 else ("weight",)
+    return [f"{prefix}{n}.{suffix}" for n in names for suffix in suffixes]
 
 
 class _Skipped(_Target):

@@ -36,6 +36,7 @@ from workers.device.triton_inputs import (
 )
 from workers.kv_layout import kv_block_bytes
 from workers.messages.step import GrammarBitmask, StepInput, StepOutput
+from workers.quantization import describe as describe_quantization
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,11 @@ class Worker:
         self.load_peak_rss_bytes = max(0, peak_rss_bytes() - rss_before)
         self.load_anon_bytes = max(0, anon_rss_bytes() - anon_before)
         log.info(
-            "rank %d/%d: loaded %s (%.1f M params on this rank) in %.2fs",
+            "rank %d/%d: loaded %s (quantization: %s; %.1f M params on this rank) in %.2fs",
             tp.rank,
             tp.size,
             config.model.architecture,
+            describe_quantization(config.model.quantization),
             sum(p.numel() for p in self.model.parameters()) / 1e6,
             time.perf_counter() - t0,
         )

@@ -15,6 +15,11 @@ Tensor parallelism shards every expert's intermediate dimension (column-parallel
 row-parallel down), so the layer ends with one all-reduce after the weighted sum; the router
 is replicated. Which experts and which slice of them a rank holds is `ExpertPartition`'s
 answer alone (the loader asks it too): the place expert parallelism would start from.
+
+An FP8 checkpoint's experts stay FP8 (`w13`, `w2` float8_e4m3fn with their stacked 128x128
+scale grids `w13_scale_inv`, `w2_scale_inv`): each expert that has tokens is dequantized as
+it runs (workers/device/layers/fp8_linear.py); the triton path dequantizes the layer's stack
+for its grouped GEMMs (a transient full-precision copy of one layer's experts).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from workers.device.distributed import TPGroup
+from workers.device.layers.fp8_linear import FP8_DTYPE, blocks, dequantize, scale_rows
 from workers.moe_config import MoeConfig
+from workers.quantization import QuantizationConfig
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,14 @@ class ExpertPartition:
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, hidden_size: int, moe: MoeConfig, tp: TPGroup, dtype: torch.dtype):
+    def __init__(
+        self,
+        hidden_size: int,
+        moe: MoeConfig,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        quant: QuantizationConfig | None = None,
+    ):
         super().__init__()
         self.tp = tp
         self.top_k = moe.top_k
@@ -72,8 +86,18 @@ class SparseMoeBlock(nn.Module):
         n = self.partition.num_local_experts
         # The router sees every expert on every rank: all ranks route tokens alike.
         self.gate = nn.Parameter(torch.empty(moe.num_experts, hidden_size, dtype=dtype))
-        self.w13 = nn.Parameter(torch.empty(n, 2 * self.inter, hidden_size, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(n, hidden_size, self.inter, dtype=dtype))
+        wdtype = dtype if quant is None else FP8_DTYPE
+        self.w13 = nn.Parameter(torch.empty(n, 2 * self.inter, hidden_size, dtype=wdtype))
+        self.w2 = nn.Parameter(torch.empty(n, hidden_size, self.inter, dtype=wdtype))
+        self.w13_scale_inv: nn.Parameter | None = None  # FP8: the experts' block scales
+        self.w2_scale_inv: nn.Parameter | None = None
+        if quant is not None:
+            h, i = blocks(hidden_size), blocks(self.inter)
+            f32 = torch.float32
+            self.w13_scale_inv = nn.Parameter(torch.empty(n, 2 * i, h, dtype=f32))
+            self.w2_scale_inv = nn.Parameter(torch.empty(n, h, i, dtype=f32))
+            self.register_buffer("w13_rows", scale_rows([self.inter] * 2), persistent=False)
+            self.register_buffer("w2_rows", scale_rows([hidden_size]), persistent=False)
         for p in self.parameters():
             p.requires_grad_(False)
         # Tokens routed to each expert so far (a token counts for each of its top-k): the
@@ -110,9 +134,8 @@ class SparseMoeBlock(nn.Module):
             from workers.device.layers.triton_moe import moe_experts
 
             p = self.partition
-            return self.tp.all_reduce(
-                moe_experts(x, weights, ids, self.w13, self.w2, p.first_expert)
-            )
+            w13, w2 = self.expert_weights(slice(None), x.dtype)
+            return self.tp.all_reduce(moe_experts(x, weights, ids, w13, w2, p.first_expert))
         return self.tp.all_reduce(self.experts(x, weights, ids))
 
     def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -139,8 +162,19 @@ class SparseMoeBlock(nn.Module):
             if n == 0:
                 continue
             rows = slice(start, start + n)
-            gate, up = F.linear(xs[rows], self.w13[e]).split(self.inter, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.w2[e])
+            w13, w2 = self.expert_weights(e, x.dtype)
+            gate, up = F.linear(xs[rows], w13).split(self.inter, dim=-1)
+            y = F.linear(F.silu(gate) * up, w2)
             out[rows] = (y * w[rows]).to(out.dtype)
             start += n
         return torch.zeros_like(x).index_add_(0, tokens, out)
+
+    def expert_weights(
+        self, e: int | slice, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local expert `e`'s (or a slice of the stack's) gate/up and down weights in `dtype`:
+        the parameters themselves, or FP8 ones dequantized."""
+        if self.w13_scale_inv is None or self.w2_scale_inv is None:
+            return self.w13[e], self.w2[e]
+        w13 = dequantize(self.w13[e], self.w13_scale_inv[e], self.w13_rows, dtype)
+        return w13, dequantize(self.w2[e], self.w2_scale_inv[e], self.w2_rows, dtype)

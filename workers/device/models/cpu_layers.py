@@ -121,6 +121,11 @@ class CpuLayers:
             # and dense linears still call the kernels.
             log.info("mixture-of-experts model: the MoE MLP runs on torch ops")
             return None
+        if getattr(model.config, "quantization", None) is not None:
+            # No kernel reads FP8 weights: the layers keep the modules, whose projections
+            # dequantize (workers/device/layers/fp8_linear.py).
+            log.info("FP8 checkpoint: its projections run as modules (no direct kernel calls)")
+            return None
         if getattr(model.config, "gemma", None) is not None:
             # The calls below are Llama's layer (norms around the residual, SiLU): Gemma's
             # runs through its modules, whose norms, rotary, attention and linears call the

@@ -15,7 +15,7 @@ from workers.device.distributed import TPGroup
 from workers.device.layers.attention import AttentionMetadata, PagedAttention
 from workers.device.layers.cpu_kernels import silu_and_mul_cpu
 from workers.device.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from workers.device.layers.linear import ColumnParallelLinear, RowParallelLinear
+from workers.device.layers.fp8_linear import column_parallel, row_parallel
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.layers.norm import RMSNorm
 from workers.device.layers.rotary import RotaryEmbedding
@@ -37,10 +37,11 @@ class Attention(nn.Module):
         self.head_dim = c.head_dim
         self.q_size = self.num_heads * c.head_dim
         self.kv_size = self.num_kv_heads * c.head_dim
-        self.qkv_proj = ColumnParallelLinear(
-            c.hidden_size, [self.q_size, self.kv_size, self.kv_size], c.qkv_bias, tp, dtype
-        )
-        self.o_proj = RowParallelLinear(self.q_size, c.hidden_size, False, tp, dtype)
+        # FP8 projections for an FP8 checkpoint (workers/device/layers/fp8_linear.py).
+        q = c.quantization
+        sizes = [self.q_size, self.kv_size, self.kv_size]
+        self.qkv_proj = column_parallel(q, c.hidden_size, sizes, c.qkv_bias, tp, dtype)
+        self.o_proj = row_parallel(q, self.q_size, c.hidden_size, False, tp, dtype)
         self.q_norm = norm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.k_norm = norm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
@@ -81,10 +82,11 @@ class MLP(nn.Module):
     def __init__(self, c: ModelConfig, tp: TPGroup, dtype: torch.dtype):
         super().__init__()
         self.inter = c.intermediate_size // tp.size
-        self.gate_up_proj = ColumnParallelLinear(
-            c.hidden_size, [self.inter, self.inter], False, tp, dtype
+        q = c.quantization
+        self.gate_up_proj = column_parallel(
+            q, c.hidden_size, [self.inter, self.inter], False, tp, dtype
         )
-        self.down_proj = RowParallelLinear(self.inter, c.hidden_size, False, tp, dtype)
+        self.down_proj = row_parallel(q, self.inter, c.hidden_size, False, tp, dtype)
         self.cpu_kernels: int | None = None  # set by cpu_kernels.use_cpu_kernels
         self.triton_layers: ModuleType | None = None  # set by triton_layers.use_triton_layers
 
@@ -108,7 +110,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.mlp: MLP | SparseMoeBlock
         if c.moe is not None and c.moe.is_sparse(index):
-            self.mlp = SparseMoeBlock(c.hidden_size, c.moe, tp, dtype)
+            self.mlp = SparseMoeBlock(c.hidden_size, c.moe, tp, dtype, c.quantization)
         else:
             self.mlp = MLP(c, tp, dtype)
 

@@ -1,0 +1,133 @@
+"""Quantized checkpoints: config.json's `quantization_config` read into a frozen config, with
+the engine's `quantization` setting (--quantization) applied to it.
+
+Supported now: FP8 with 128x128 block scales, the layout of Qwen3-*-FP8 and DeepSeek-V3
+(transformers' FineGrainedFP8): every attention and MLP projection (MoE experts included)
+stored as float8_e4m3fn with a float32 `<name>.weight_scale_inv` of one scale per 128x128
+block, activations unquantized ("dynamic"). The weights stay FP8 in memory and are
+dequantized blockwise in each forward (workers/device/layers/fp8_linear.py).
+
+`quantization`: "auto" serves what config.json says; "fp8" asks for FP8 and refuses any other
+checkpoint; "none" refuses a quantized checkpoint (nothing is dequantized to full precision
+behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes, compressed-tensors, an
+unknown method, another block size, static activation scales) is refused with the field and
+its value named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workers.config import ModelConfig
+
+QUANTIZATION_CHOICES = ("auto", "none", "fp8")
+FP8_BLOCK = 128  # rows and columns of one FP8 scale block
+# Gemma 3's modules would take FP8 linears too, but no test holds them to transformers yet.
+_UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM",)
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    method: str  # "fp8": block-scaled float8_e4m3fn weights
+    weight_block_size: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
+    activation_scheme: str = "dynamic"  # activations stay in the compute dtype
+    # Modules the checkpoint keeps in full precision (informational: kvray reads the LM
+    # head, embeddings, norms and MoE routers in full precision anyway, and refuses at load
+    # a projection stored unquantized).
+    modules_to_not_convert: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """For the start-up log: "fp8 (128x128 block-scaled weights, dynamic activations)"."""
+        rows, cols = self.weight_block_size
+        acts = self.activation_scheme
+        return f"{self.method} ({rows}x{cols} block-scaled weights, {acts} activations)"
+
+    def check_tensor_parallel(self, model: ModelConfig, tp_size: int) -> None:
+        """Raises ValueError when a tensor-parallel shard would cut a scale block: a rank's
+        slice of a split dimension must be a whole number of blocks."""
+        if tp_size == 1:
+            return
+        block = self.weight_block_size[0]
+        q = model.num_heads * model.head_dim
+        kv_per = model.kv_heads_per_rank(tp_size) * model.head_dim
+        split = {
+            "num_attention_heads * head_dim": (q, q // tp_size),
+            "num_key_value_heads * head_dim": (model.num_kv_heads * model.head_dim, kv_per),
+        }
+        moe = model.moe
+        if moe is None or len(moe.sparse_layers) < model.num_layers:  # some dense MLPs
+            split["intermediate_size"] = (
+                model.intermediate_size,
+                model.intermediate_size // tp_size,
+            )
+        if moe is not None and not moe.expert_parallel:
+            split["the experts' intermediate size"] = (
+                moe.intermediate_size,
+                moe.intermediate_size // tp_size,
+            )
+        for what, (total, per) in split.items():
+            if per % block:
+                raise ValueError(
+                    f"FP8 checkpoint: tensor_parallel_size ({tp_size}) splits {what} ({total}) "
+                    f"into shards of {per}, which cut its {block}x{block} scale blocks; pick a "
+                    f"tensor_parallel_size that leaves each shard a multiple of {block}"
+                )
+
+    @staticmethod
+    def from_hf(arch: str, raw: dict[str, Any] | None, requested: str) -> QuantizationConfig | None:
+        """`raw`: config.json's quantization_config (None: a full-precision checkpoint);
+        `requested`: the engine's `quantization` setting. None: full precision."""
+        if requested not in QUANTIZATION_CHOICES:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATION_CHOICES}, got {requested!r}"
+            )
+        if raw is None:
+            if requested == "fp8":
+                raise ValueError(
+                    "quantization 'fp8' needs an FP8 checkpoint, and config.json has no "
+                    "quantization_config (quantizing full-precision weights at load is not "
+                    "supported yet)"
+                )
+            return None
+        method = raw.get("quant_method")
+        if requested == "none":
+            raise ValueError(
+                f"the checkpoint is quantized (quantization_config.quant_method {method!r}) "
+                "and quantization is 'none'; use 'auto' to serve it"
+            )
+        if method != "fp8":
+            raise ValueError(
+                f"unsupported quantization_config.quant_method {method!r}: kvray supports "
+                "'fp8' (128x128 block-scaled) checkpoints"
+            )
+        _need(raw, "weight_block_size", [FP8_BLOCK, FP8_BLOCK], "only [128, 128] block scales")
+        _need(raw, "activation_scheme", "dynamic", "only dynamic activations", absent="dynamic")
+        _need(raw, "fmt", "e4m3", "only float8_e4m3fn weights", absent="e4m3")
+        if arch in _UNSUPPORTED_ARCHITECTURES:
+            raise ValueError(f"FP8 checkpoints of {arch} are not supported yet")
+        skip = [*(raw.get("modules_to_not_convert") or ()), *(raw.get("ignored_layers") or ())]
+        return QuantizationConfig(method="fp8", modules_to_not_convert=tuple(map(str, skip)))
+
+
+def _need(raw: dict[str, Any], key: str, want: Any, supported: str, absent: Any = None) -> None:
+    value = raw.get(key, absent)
+    if isinstance(value, tuple):
+        value = list(value)
+    if value != want:
+        raise ValueError(
+            f"unsupported quantization_config.{key} {value!r} for quant_method 'fp8': "
+            f"{supported} ({want!r})"
+        )
+
+
+def describe(quant: QuantizationConfig | None) -> str:
+    """The quantization in use, for logs: "none" when the weights are full precision."""
+    return "none" if quant is None else quant.describe()
+
+
+def check_quantized_tensor_parallel(model: ModelConfig, tp_size: int) -> None:
+    """`QuantizationConfig.check_tensor_parallel` of `model`'s quantization, if it has one."""
+    if model.quantization is not None:
+        model.quantization.check_tensor_parallel(model, tp_size)

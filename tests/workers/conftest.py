@@ -20,3 +20,14 @@ def demo_llm(demo_dir: Path):  # noqa: ANN201
     from workers import LLM
 
     return LLM(str(demo_dir), kv_cache_memory_bytes=64 << 20)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _room_for_many_compiled_models() -> None:
+    """One test process compiles the forward pass of many models (families, sizes, adapters,
+    FP8), and Dynamo counts every variant of kvray's layer functions against one recompile
+    limit per process (8): past it the engine logs the failure and runs eagerly, which the
+    compile tests would catch. A serving process compiles one model."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

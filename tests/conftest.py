@@ -63,6 +63,7 @@ OWN_RAY = (
     "test_after_rays_processes_are_killed_the_next_serve_starts_and_drains_on_sigterm",
     "tests/cluster/cli/test_run_batch.py::"
     "test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running",
+    "tests/cluster/bench/kv_tier/test_main.py::test_every_arm_runs_and_matches",
 )
 PARTS = ("all", "local", "ray")
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.

@@ -113,12 +113,15 @@ def run(args: argparse.Namespace) -> int:
 
     own_ray = not ray.is_initialized()
     if own_ray:
-        ray.init(
+        from cluster.cli.local_ray import init_local_ray
+
+        init_local_ray(
             address="local",  # a new instance, never one another `ray start` left running
             include_dashboard=False,
             logging_level="WARNING",
             log_to_driver=False,
-            object_store_memory=int((args.kv_share_gib + 1) * GIB),
+            # The tier may fill half of it (cluster/replica/kv_directory.py, tier_capacity).
+            object_store_memory=int((2 * args.kv_share_gib + 1) * GIB),
         )
     app = f"kv-tier-bench-{os.getpid()}-{int(time.time())}"
     try:

@@ -19,16 +19,18 @@ any size. This ASGI middleware sits in front of the FastAPI app instead:
    (its key's, or its tenant header's: cluster/ingress/tenants.py) is named here too.
 2. A Content-Length over `max_body_bytes` is a 413 at once, unread. A body without one
    (chunked) is read up to the limit and is a 413 as soon as it passes it.
-3. A generation request (POST .../completions, .../responses) beyond `max_in_flight` of
-   them in this ingress is a 429 + Retry-After at once, unread: more than the engine
-   replicas can hold or queue, which they would refuse anyway, only later. Refusing here
-   costs the event loop nothing, so a burst far past the caps neither slows the refusals
-   nor the probes (/health) that share this loop.
+3. A generation request (POST .../completions, .../responses, /v1/messages) beyond
+   `max_in_flight` of them in this ingress is a 429 + Retry-After at once, unread: more
+   than the engine replicas can hold or queue, which they would refuse anyway, only later.
+   Refusing here costs the event loop nothing, so a burst far past the caps neither slows
+   the refusals nor the probes (/health) that share this loop.
 4. The body, now known to be within the limit, is replayed to the app in one message (the
    app buffers it whole anyway); later `receive` calls (the client's disconnect, which
    streaming responses watch for) go to the server.
 
-Every error leaves as OpenAI's error body, like every other error of the ingress.
+Every error leaves as OpenAI's error body, like every other error of the ingress, or as
+Anthropic's on its Messages routes (cluster/http/messages_errors.py). The API key may come as
+`Authorization: Bearer KEY` or `x-api-key: KEY` (cluster/ingress/auth.py).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import json
 from typing import Any
 
 from cluster.errors import AuthenticationError, InvalidRequestError, KvrayError, QueueFullError
-from cluster.ingress.auth import ApiKeyAuth
+from cluster.http import messages_errors
+from cluster.ingress.auth import ApiKeyAuth, with_api_key
 from cluster.ingress.tenants import bind_tenant
 
 Scope = dict[str, Any]
@@ -51,7 +54,7 @@ LIVENESS_BODY = b'{"status":"ok"}'
 # it answer under load too).
 UNPACED_PATHS = frozenset({LIVENESS_PATH, "/ready"})
 # Generation routes (their path ends): what step 3 counts against max_in_flight.
-GENERATION_PATHS = ("/completions", "/responses")
+GENERATION_PATHS = ("/completions", "/responses", "/messages")
 # Requests let on per turn of the event loop (step 0): each costs the loop up to a few
 # milliseconds (a generation request's parsing, checks and routing), so a turn stays in the
 # tens of milliseconds however many requests are waiting.
@@ -116,37 +119,38 @@ class RequestGuard:
             return
         if path not in UNPACED_PATHS:
             await self._next_turn()
-        headers = _headers(scope)
+        headers = with_api_key(_headers(scope))
+        anthropic = messages_errors.is_messages_path(path)
         try:
             self.auth.check_path(path, headers.get("authorization"))
             bind_tenant(self.auth, path, headers)  # for the routes (cluster/ingress/tenants.py)
         except AuthenticationError as err:
             if self.metrics is not None:
                 self.metrics.rejected("unauthenticated")
-            await send_error(send, err)
+            await send_error(send, err, anthropic)
             return
         except InvalidRequestError as err:  # a tenant header that names no tenant: 400
-            await send_error(send, err)
+            await send_error(send, err, anthropic)
             return
         try:
             declared = int(headers.get("content-length", "0"))
         except ValueError:
             declared = 0  # malformed: the server refuses it; else the byte count below rules
         if declared > self.max_body_bytes:
-            await send_error(send, RequestTooLargeError(self.max_body_bytes))
+            await send_error(send, RequestTooLargeError(self.max_body_bytes), anthropic)
             return
         counted = scope.get("method") == "POST" and path.endswith(GENERATION_PATHS)
         if counted and self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             if self.metrics is not None:
                 self.metrics.rejected("queue_full")
-            await send_error(send, self._full())
+            await send_error(send, self._full(), anthropic)
             return
         self.in_flight += counted
         try:
             try:
                 body = await self._read_body(receive)
             except _TooLarge:
-                await send_error(send, RequestTooLargeError(self.max_body_bytes))
+                await send_error(send, RequestTooLargeError(self.max_body_bytes), anthropic)
                 return
             if body is None:
                 return  # the client left before sending its whole body: nobody to answer
@@ -201,10 +205,14 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
 
 
-async def send_error(send: Any, err: KvrayError) -> None:
-    """`err` as a complete JSON response in OpenAI's error format (+ Retry-After)."""
+async def send_error(send: Any, err: KvrayError, anthropic: bool = False) -> None:
+    """`err` as a complete JSON response in OpenAI's error format (+ Retry-After), or in
+    Anthropic's (`anthropic`: a Messages route)."""
     extra = [(k.lower().encode(), v.encode()) for k, v in err.http_headers().items()]
-    await send_json(send, err.http_status, json.dumps(err.to_openai()).encode(), extra)
+    status, body = err.http_status, err.to_openai()
+    if anthropic:
+        status, body = messages_errors.from_error(err)
+    await send_json(send, status, json.dumps(body).encode(), extra)
 
 
 async def send_json(

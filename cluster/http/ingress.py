@@ -41,8 +41,11 @@ from cluster.http import streams
 from cluster.http.echo import prompt_echo
 from cluster.http.embeddings import add_embeddings_route
 from cluster.http.format import Formatter
-from cluster.http.guard import RequestGuard
+from cluster.http.guard import RequestGuard, api_path
 from cluster.http.lora_routes import add_lora_routes
+from cluster.http.messages_errors import from_status, is_messages_path
+from cluster.http.messages_route import add_messages_routes
+from cluster.http.messages_route import error_response as messages_error
 from cluster.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -227,22 +230,23 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
 
     app = FastAPI(title="kvray", responses=ERROR_RESPONSES)
 
+    # Errors leave in OpenAI's shape, or Anthropic's on its Messages routes.
     @app.exception_handler(KvrayError)
-    async def _kvray_error(_: Request, err: KvrayError) -> JSONResponse:
-        return error_response(err, ingress.metrics)
+    async def _kvray_error(request: Request, err: KvrayError) -> JSONResponse:
+        return error_response(err, ingress.metrics, is_messages_path(api_path(request.scope)))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
-        return error_response(validation_to_invalid(err), ingress.metrics)
+    async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        anthropic = is_messages_path(api_path(request.scope))
+        return error_response(validation_to_invalid(err), ingress.metrics, anthropic)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        # Starlette's own errors (404 unknown route, 405 wrong method) in OpenAI's format.
-        return JSONResponse(
-            http_error_body(err.status_code, str(err.detail)),
-            status_code=err.status_code,
-            headers=getattr(err, "headers", None),
-        )
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own errors (404 unknown route, 405 wrong method) in the API's format.
+        status, body = err.status_code, http_error_body(err.status_code, str(err.detail))
+        if is_messages_path(api_path(request.scope)):
+            status, body = from_status(err.status_code, str(err.detail))
+        return JSONResponse(body, status_code=status, headers=getattr(err, "headers", None))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -323,19 +327,23 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
     add_lora_routes(app, ingress)  # /v1/models, LoRA loading (cluster/http/lora_routes.py)
     add_responses_route(app, ingress)  # POST /v1/responses (cluster/http/responses_route.py)
     add_embeddings_route(app, ingress)  # POST /v1/embeddings (cluster/http/embeddings.py)
+    add_messages_routes(app, ingress)  # Anthropic's /v1/messages (cluster/http/messages_route.py)
     return app
 
 
 # -- errors -----------------------------------------------------------------------------------
 
 
-def error_response(err: KvrayError, metrics: Any) -> JSONResponse:
+def error_response(err: KvrayError, metrics: Any, anthropic: bool = False) -> JSONResponse:
+    """`err` as the answer: OpenAI's body, or Anthropic's (`anthropic`: a Messages route)."""
     if isinstance(err, QueueFullError):
         metrics.rejected("queue_full")
     elif isinstance(err, QueueTimeoutError):
         metrics.rejected("queue_timeout")
     elif err.http_status == 401:
         metrics.rejected("unauthenticated")
+    if anthropic:
+        return messages_error(err)
     return JSONResponse(err.to_openai(), status_code=err.http_status, headers=err.http_headers())
 
 

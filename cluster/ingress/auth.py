@@ -1,5 +1,8 @@
 """API-key check for the ingresses: `Authorization: Bearer KEY` (HTTP) / `authorization` metadata.
 
+Over HTTP the key may also come as `x-api-key: KEY` (how Anthropic's clients send it):
+`with_api_key` reads it as the bearer token when there is no Authorization header.
+
 The key lives in an environment variable on the cluster (ServeConfig.network.api_key_env, default
 KVRAY_API_KEY), read when the ingress replica starts; it never appears in a config file.
 An unset or empty variable turns auth off.
@@ -15,6 +18,18 @@ from cluster.errors import AuthenticationError
 
 # Liveness and readiness probes (kubelet, load balancers) carry no credentials.
 OPEN_PATHS = frozenset({"/health", "/ready"})
+
+
+API_KEY_HEADER = "x-api-key"
+
+
+def with_api_key(headers: dict[str, str]) -> dict[str, str]:
+    """`headers` (lower-case names) with `x-api-key: KEY` read as `authorization: Bearer
+    KEY` when no Authorization header is sent (an Authorization header wins)."""
+    key = headers.get(API_KEY_HEADER)
+    if key and not headers.get("authorization"):
+        return {**headers, "authorization": f"Bearer {key.strip()}"}
+    return headers
 
 
 class ApiKeyAuth:

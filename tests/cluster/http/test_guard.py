@@ -236,3 +236,19 @@ def test_the_app_sees_the_tenant_and_a_bad_tenant_header_is_400_unread() -> None
     assert status == 400 and call.pulled == 0
     assert _openai_error(body, 400)["param"] == "x-tenant-id"
     assert Call([b"{}"], {"x-tenant-id": "acme"}).run(auth)[0] == 401  # the key still rules
+
+
+def test_x_api_key_is_a_key_and_messages_routes_answer_in_anthropics_shape() -> None:
+    ok = Call([b"{}"], {"x-api-key": KEY}, path="/v1/messages")
+    assert ok.run(ApiKeyAuth(KEY)) == (200, {"read": 2})
+    wrong = Call([b"{}"], {"x-api-key": "nope"}, path="/v1/messages")
+    status, body = wrong.run(ApiKeyAuth(KEY))
+    assert status == 401 and wrong.pulled == 0
+    assert body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid API key"},
+    }
+    # Other routes take it too, and answer in OpenAI's shape.
+    assert Call([b"{}"], {"x-api-key": KEY}).run(ApiKeyAuth(KEY))[0] == 200
+    status, body = Call([b"{}"], {"x-api-key": "nope"}).run(ApiKeyAuth(KEY))
+    assert status == 401 and _openai_error(body, 401)["type"] == "authentication_error"

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from cluster.errors import AuthenticationError
-from cluster.ingress.auth import ApiKeyAuth
+from cluster.ingress.auth import ApiKeyAuth, with_api_key
 from tests.cluster.serve_helpers import App, openai_client
 
 
@@ -23,6 +23,13 @@ def test_checker() -> None:
     auth.check_path("/ready", None)
     with pytest.raises(AuthenticationError):
         auth.check_path("/tokenize", None)
+
+
+def test_x_api_key_is_read_as_the_bearer_token() -> None:
+    assert with_api_key({"x-api-key": " k "}) == {"x-api-key": " k ", "authorization": "Bearer k"}
+    both = {"x-api-key": "k", "authorization": "Bearer other"}
+    assert with_api_key(both) == both  # an Authorization header wins
+    assert with_api_key({"host": "h"}) == {"host": "h"}
 
 
 def test_no_key_means_auth_off() -> None:

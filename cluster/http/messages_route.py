@@ -12,7 +12,7 @@ accepted and not read.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -23,22 +23,8 @@ from cluster.http import messages
 from cluster.http.messages import CountTokensRequest, MessagesRequest
 from cluster.http.messages_errors import from_error
 from cluster.http.messages_format import MessagesFormatter, sse_events
-from cluster.ingress.lora_catalog import LoraCatalog
-from cluster.ingress.prepare import Prepared, Preparer
+from cluster.http.responses_route import Ingress  # what a route uses of OpenAIIngress
 from cluster.ingress.tenants import current_tenant
-
-
-class Ingress(Protocol):
-    """What the routes use of cluster.http.ingress.OpenAIIngress (which imports this module)."""
-
-    preparer: Preparer
-    lora: LoraCatalog  # what `model` names (cluster/ingress/lora_catalog.py)
-
-    def check_admitting(self) -> None: ...
-
-    async def run(
-        self, fmt: Any, prepared: Prepared, include_usage: bool, frames: Any = ...
-    ) -> Any: ...
 
 
 class AnthropicErrorDetail(BaseModel):

@@ -12,11 +12,8 @@ from pydantic import ValidationError
 
 from cluster.errors import InvalidRequestError
 from cluster.http.messages import CountTokensRequest, MessagesRequest, count_tokens, prepare
-from cluster.http.protocol import ChatCompletionRequest
-from cluster.ingress.limits import DEFAULT_LIMITS
 from cluster.ingress.prepare import Prepared, Preparer
-from cluster.ingress.prompts import Prompts
-from workers.inputs import InputChecker
+from tests.cluster.http.demo_preparer import demo_preparer, prepare_chat
 
 WEATHER = {
     "type": "object",
@@ -33,31 +30,16 @@ CHAT_TOOLS = [
 ]
 
 
-class DemoLimits:
-    """What LLMClient.input_checker gives the preparer: the demo model's input checker."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.checker = InputChecker(vocab_size=vocab_size, max_model_len=2048)
-
-    async def input_checker(self) -> InputChecker:
-        return self.checker
-
-
 @pytest.fixture(scope="module")
 def preparer() -> Preparer:
-    from workers.demo import demo_model_dir
-    from workers.tokenizer import Tokenizer
-
-    prompts = Prompts(Tokenizer.from_pretrained(demo_model_dir()))
-    return Preparer(prompts, DemoLimits(prompts.vocab_size), DEFAULT_LIMITS)
+    return demo_preparer()
 
 
 def _messages(preparer: Preparer, **kw: Any) -> Prepared:
     return asyncio.run(prepare(preparer, MessagesRequest(**kw)))
 
 
-def _chat(preparer: Preparer, **kw: Any) -> Prepared:
-    return asyncio.run(preparer.prepare(ChatCompletionRequest(**kw)))
+_chat = prepare_chat
 
 
 def test_a_tool_round_trip_prepares_what_the_same_chat_request_does(preparer: Preparer) -> None:

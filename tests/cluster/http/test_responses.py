@@ -14,13 +14,10 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from cluster.errors import InvalidRequestError, QueueTimeoutError
-from cluster.http.protocol import ChatCompletionRequest
 from cluster.http.responses import ResponsesRequest, prepare
 from cluster.http.responses_format import ResponsesFormatter, sse_events
-from cluster.ingress.limits import DEFAULT_LIMITS
 from cluster.ingress.prepare import Prepared, Preparer
-from cluster.ingress.prompts import Prompts
-from workers.inputs import InputChecker
+from tests.cluster.http.demo_preparer import demo_preparer, prepare_chat
 from workers.outputs import CompletionOutput, RequestOutput
 
 WEATHER = {
@@ -40,31 +37,16 @@ ARGS = '{"city": "Paris"}'
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
-class FakeClient:
-    """LLMClient's input_checker, with the demo model's limits."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.checker = InputChecker(vocab_size=vocab_size, max_model_len=2048)
-
-    async def input_checker(self) -> InputChecker:
-        return self.checker
-
-
 @pytest.fixture(scope="module")
 def preparer() -> Preparer:
-    from workers.demo import demo_model_dir
-    from workers.tokenizer import Tokenizer
-
-    prompts = Prompts(Tokenizer.from_pretrained(demo_model_dir()))
-    return Preparer(prompts, FakeClient(prompts.vocab_size), DEFAULT_LIMITS)
+    return demo_preparer()
 
 
 def _responses(preparer: Preparer, **kw: Any) -> Prepared:
     return asyncio.run(prepare(preparer, ResponsesRequest(**kw)))
 
 
-def _chat(preparer: Preparer, **kw: Any) -> Prepared:
-    return asyncio.run(preparer.prepare(ChatCompletionRequest(**kw)))
+_chat = prepare_chat
 
 
 def test_a_tool_round_trip_prepares_what_the_same_chat_request_does(preparer: Preparer) -> None:

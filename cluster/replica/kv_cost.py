@@ -113,10 +113,11 @@ def _fit(points: deque[tuple[int, float]]) -> tuple[float, float]:
     """(fixed seconds, seconds per token) of a line through (tokens, seconds) points, robust
     to outliers (Theil-Sen); (0, median seconds per token) when their lengths are too alike
     or the slope comes out negative (noise)."""
+    pts = list(points)
     slopes = [
         (s2 - s1) / (t2 - t1)
-        for i, (t1, s1) in enumerate(points)
-        for t2, s2 in list(points)[i + 1 :]
+        for i, (t1, s1) in enumerate(pts)
+        for t2, s2 in pts[i + 1 :]
         if max(t1, t2) >= MIN_LENGTH_RATIO * min(t1, t2)
     ]
     slope = statistics.median(slopes) if slopes else 0.0

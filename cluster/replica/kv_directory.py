@@ -13,10 +13,10 @@ lost: the puller then recomputes).
 
 The store is bounded: `capacity_bytes` (`--kv-share-gib`, at most half the smallest node's
 object store) over every published block, least recently used (published or looked up)
-dropped first. Dropping the last reference frees the
-object; a peer in the middle of reading one keeps it until it is done (its borrowed
-reference). Blocks are keyed by (layout key, hash): an engine with another checkpoint,
-dtype, TP degree or block size (`workers.kv_layout.kv_layout_key`) never sees them.
+dropped first. Dropping the last reference frees the object; a peer in the middle of
+reading one keeps it until it is done (its borrowed reference). Blocks are keyed by (layout
+key, hash): an engine with another checkpoint, dtype, TP degree or block size
+(`workers.kv_layout.kv_layout_key`) never sees them.
 
 Restarts (`max_restarts=-1`) come back empty: the old references died with it, and
 replicas publish again as they compute. `kvray serve` removes it and the store actors when

@@ -134,11 +134,11 @@ class KvShare:
         while (blocks := self._queue.get()) is not None:
             try:  # waits, so that at most one batch is on its way to the store
                 # Through a future: ray.get in an async actor's process warns, whichever thread.
-                # No reference to the call is kept: while one is, Ray keeps its argument (the
-                # blocks' copy in the object store) for lineage.
-                put = self.store.put.remote(self.layout, list(blocks)).future()
-                n = put.result(timeout=PUBLISH_TIMEOUT_S)
-                del put
+                # The call's reference is a temporary, gone with this statement: while one is
+                # held, Ray keeps its argument (the blocks' copy in the object store) for
+                # lineage.
+                put = self.store.put.remote
+                n = put(self.layout, list(blocks)).future().result(timeout=PUBLISH_TIMEOUT_S)
             except Exception as err:  # noqa: BLE001 - the store actor gone, slow: peers recompute
                 logger.debug("%d KV blocks not published: %s", len(blocks), err)
                 n = 0

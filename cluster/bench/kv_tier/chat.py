@@ -37,7 +37,7 @@ from cluster.bench.kv_tier.report import percentile
 
 REPLICAS = 2
 DEFAULT_SYSTEM_LEN = 256
-# The target for the tier's prefix-hit rate, as a multiple of today's.
+# The target for the tier's prefix-hit rate, as a multiple of today's.
 TARGET_HIT_RATIO = 1.5
 # How long a turn waits for the last turn's blocks to reach the directory.
 PUBLISH_WAIT_S = 20.0
@@ -244,7 +244,7 @@ def table(chat: dict[str, Any]) -> str:
             f"{by_turn}"
         )
     lines.append(
-        f"hit rate with the tier / today: {chat['hit_rate_ratio']:.2f}x (the issue's target: "
+        f"hit rate with the tier / today: {chat['hit_rate_ratio']:.2f}x (target: "
         f">= {TARGET_HIT_RATIO}x); TTFT with the tier / today: p50 {chat['ttft_p50_ratio']:.2f}x, "
         f"p99 {chat['ttft_p99_ratio']:.2f}x"
     )

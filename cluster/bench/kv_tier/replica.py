@@ -15,8 +15,8 @@ import contextlib
 import time
 from typing import Any
 
-from cluster.replica.kv_cost import PullCost
-from workers.core.block_hash import chain_hash
+from cluster.replica.kv_cost import PRIOR_PREFILL_TOKENS_PER_S, PullCost
+from workers.core.block_hash import prompt_block_hashes
 
 # A prefill prior slow enough that the cost model always pulls (the forced arms).
 FORCED_PREFILL_TOKENS_PER_S = 1.0
@@ -73,12 +73,7 @@ class TierReplica:
         """A forced replica's cost model turned into the learned one: the prefill prior in
         place of the forced one (it never measured a prefill: a forced replica always pulls),
         the pull rates it measured kept; from now on it learns from its requests."""
-        old = self.share.cost
-        self.share.cost = PullCost(
-            pull_bytes_per_s=old.pull_bytes_per_s,
-            pull_overhead_s=old.pull_overhead_s,
-            pulls_seen=old.pulls_seen,
-        )
+        self.share.cost.prefill_tokens_per_s = PRIOR_PREFILL_TOKENS_PER_S
         self.forced = False
         return self.share.stats()
 
@@ -160,9 +155,7 @@ class TierReplica:
         """Waits until the directory lists every full block of context `ids` (the publishing
         thread and the store put them on their own time), at most `timeout_s`; the number
         listed."""
-        bs, hashes = self.share.block_size, []
-        for i in range((len(ids) - 1) // bs):
-            hashes.append(chain_hash(hashes[-1] if i else None, tuple(ids[i * bs : (i + 1) * bs])))
+        hashes = prompt_block_hashes(ids, self.share.block_size, len(ids))
         deadline = time.monotonic() + timeout_s
         while True:
             found = await self.share.directory.lookup.remote(self.share.layout, hashes)

@@ -32,3 +32,7 @@ class GenerateRequest:
     # Tracing (cluster/tracing.py): the W3C carrier ({"traceparent", "tracestate"}) of the
     # span this request's replica span hangs under; None when the ingress does not trace.
     trace_context: dict[str, str] | None = None
+    # Disaggregation (cluster/ingress/pd.py): "prefill" on a prefill replica (publish the
+    # prompt's KV blocks before the output that ends it), "decode" on the decode replica that
+    # continues it (pull them, whatever the cost model says); None: an ordinary request.
+    handoff: str | None = None

@@ -19,7 +19,12 @@ ROUTERS = ("prefix_affinity", "power_of_two", "kv_events")
 class ReplicaSettings:
     """The engine replicas (LLMServer) and the HTTP ingress replicas in front of them."""
 
-    num_replicas: int = setting(1, "engine replicas; ignored with autoscaling", REPLICAS_GROUP)
+    num_replicas: int = setting(
+        1,
+        "engine replicas (with prefill replicas: the decode ones); ignored with autoscaling",
+        REPLICAS_GROUP,
+        aliases=("--decode-replicas",),
+    )
     # Ray Serve's cap per LLMServer replica.
     max_ongoing_requests: int = setting(256, "requests in flight per replica", REPLICAS_GROUP)
     # Ray gives an actor OMP_NUM_THREADS = its CPUs (1 by default): the replica and its engine

@@ -1,6 +1,7 @@
 """ServeConfig: everything that shapes the Serve application, validated once at the edge.
 
-Made of sections (engine, replicas, autoscaling, limits, network, tenants, LoRA, tracing),
+Made of sections (engine, replicas, autoscaling, limits, network, tenants, LoRA, tracing,
+disaggregation),
 each a frozen dataclass that validates itself; ServeConfig checks what spans two of them.
 A setting is declared once, as a section field (cluster/config/setting.py).
 
@@ -21,6 +22,7 @@ from cluster.config.engine import EngineSettings
 from cluster.config.limits import LimitSettings
 from cluster.config.lora import LoraSettings
 from cluster.config.network import NetworkSettings
+from cluster.config.pd import PdSettings
 from cluster.config.replicas import ReplicaSettings
 from cluster.config.setting import Setting, declared
 from cluster.config.tenants import TenantSettings
@@ -40,10 +42,17 @@ class ServeConfig:
     tenants: TenantSettings = field(default_factory=TenantSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    pd: PdSettings = field(default_factory=PdSettings)
 
     def __post_init__(self) -> None:
         # An adapter must not be mistaken for the model it adapts.
         self.lora.check_served(self.engine.model_name())
+        if self.pd.prefill_replicas and not self.engine.kv_share_gib:
+            raise ValueError(
+                f"prefill_replicas needs kv_share_gib > 0 (the KV moves from a prefill to a "
+                f"decode replica through the cluster KV tier), got prefill_replicas "
+                f"{self.pd.prefill_replicas} with kv_share_gib {self.engine.kv_share_gib!r}"
+            )
 
     @staticmethod
     def settings() -> Iterator[tuple[str, Field[Any], Setting]]:

@@ -5,6 +5,7 @@ fields. Pure: validates, builds deployment options and binds; starts nothing.
 
     OpenAIIngress (HTTP, route "/")  ──handle──▶  LLMServer × N  (prefix-affinity router)
     GrpcIngress (own gRPC server)    ──handle──▶  (the same LLMServer deployment)
+    with --prefill-replicas P, both  ──handle──▶  LLMServerPrefill × P (prefill, then LLMServer)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from cluster.routing.kv_router import KV_ROUTER_CLASS_PATH
 from cluster.routing.router import ROUTER_CLASS_PATH, ROUTING_STATS_PERIOD_S
 
 LLM_SERVER_NAME = "LLMServer"
+# The prefill replicas' deployment, with --prefill-replicas (cluster/ingress/pd.py).
+PREFILL_SERVER_NAME = "LLMServerPrefill"
 INGRESS_NAME = "OpenAIIngress"
 # An ingress replica only parses, tokenizes and relays; it must never be the bottleneck that
 # queues requests in front of the engines (Ray Serve's default cap is 5).
@@ -59,13 +62,28 @@ def _bind(
 
     llm = pin_code_version(serve.deployment(LLMServer, **llm_server_options(config)), code_version)
     llm_node = llm.bind(config)
+    prefill_node = None
+    if config.pd.prefill_replicas:
+        # The same replica class, its own deployment: routed, scaled and stopped apart.
+        opts = prefill_server_options(config)
+        prefill_node = pin_code_version(serve.deployment(LLMServer, **opts), code_version).bind(
+            config
+        )
     # The gRPC ingress runs its own server; binding it into the HTTP ingress's arguments is
     # what makes Serve deploy it as part of this application.
-    grpc = bind_grpc_ingress(config, llm_node, code_version=code_version)
+    grpc = bind_grpc_ingress(config, llm_node, code_version=code_version, prefill=prefill_node)
     ingress = pin_code_version(
         serve.deployment(OpenAIIngress, **ingress_options(config, draining)), code_version
     )
-    return ingress.bind(config, llm_node, grpc)
+    return ingress.bind(config, llm_node, grpc, prefill_node)
+
+
+def prefill_server_options(config: ServeConfig) -> dict[str, Any]:
+    """Deployment options of the prefill replicas (cluster/ingress/pd.py): LLMServer's, a
+    fixed count of its own."""
+    opts = llm_server_options(config)
+    opts.pop("autoscaling_config", None)
+    return {**opts, "name": PREFILL_SERVER_NAME, "num_replicas": config.pd.prefill_replicas}
 
 
 def uses_gpu(config: ServeConfig) -> bool:

@@ -101,8 +101,10 @@ def bind_grpc_ingress(
     llm: Any,
     settings: GrpcSettings | None = None,
     code_version: str | None = None,
+    prefill: Any = None,
 ) -> Any:
-    """GrpcIngress bound to the LLMServer deployment (a bound node or a DeploymentHandle).
+    """GrpcIngress bound to the LLMServer deployment (a bound node or a DeploymentHandle),
+    and to the prefill replicas' deployment when there is one (`prefill`).
 
     Pass the result to the HTTP ingress's bind so Serve deploys it in the same application.
     `code_version`: see cluster.deploy.app.build_run_app (None: Serve derives one).
@@ -113,13 +115,15 @@ def bind_grpc_ingress(
 
     settings = settings or GrpcSettings.from_config(config)
     deployment = serve.deployment(GrpcIngress, **grpc_ingress_options(config, settings))
-    return pin_code_version(deployment, code_version).bind(config, llm, settings)
+    return pin_code_version(deployment, code_version).bind(config, llm, settings, prefill)
 
 
 class GrpcIngress:
     """One gRPC server in one Serve replica. Serve routes no requests to it."""
 
-    async def __init__(self, config: ServeConfig, llm: Any, settings: GrpcSettings) -> None:
+    async def __init__(
+        self, config: ServeConfig, llm: Any, settings: GrpcSettings, prefill: Any = None
+    ) -> None:
         import grpc.aio
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
@@ -129,6 +133,7 @@ class GrpcIngress:
         from cluster.grpc_api.tracing import trace_interceptors
         from cluster.ingress.limits import RequestLimits
         from cluster.ingress.lora_catalog import LoraCatalog
+        from cluster.ingress.pd import pd_client_kwargs
         from cluster.ingress.route_spans import route_spans
         from cluster.ingress.tenant_gate import TenantGate
         from cluster.ingress.tenants import TenantAuth
@@ -152,6 +157,7 @@ class GrpcIngress:
             queue_timeout_s=config.limits.queue_timeout_s,
             spans=spans,
             lora=LoraCatalog.from_config(config),  # the model's LoRA adapters
+            pd=pd_client_kwargs(config, prefill),  # disaggregation (None: no prefill replicas)
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING

@@ -89,10 +89,12 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         spans: RouteSpans | None = None,
         gate: TenantGate | None = None,
         lora: LoraCatalog | None = None,
+        pd: dict[str, Any] | None = None,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
         # `spans`: tracing's routing spans (cluster/ingress/route_spans.py); None: off.
-        self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s, spans)
+        # `pd`: disaggregation's LLMClient keywords (cluster/ingress/pd.py); None: none.
+        self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s, spans, **(pd or {}))
         self._preparer = Preparer(Prompts(tokenizer), self._client, limits)
         # Tenants' quotas and metrics (cluster/ingress/tenant_gate.py); None: no quotas.
         self._gate = (gate or TenantGate()).serving(self._client)

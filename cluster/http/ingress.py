@@ -60,6 +60,7 @@ from cluster.ingress.embeddings import hidden_size
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.lora_catalog import AdapterCheck, LoraCatalog
+from cluster.ingress.pd import pd_client_kwargs
 from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.route_spans import route_spans
@@ -76,8 +77,11 @@ READY_TIMEOUT_S = 5.0
 class OpenAIIngress:
     """The HTTP ingress deployment; `build_app` binds it to the LLMServer handle."""
 
-    def __init__(self, config: ServeConfig, llm: DeploymentHandle, grpc: Any = None) -> None:
-        # `grpc` (the GrpcIngress handle) is bound here only so Serve deploys it with the app.
+    def __init__(
+        self, config: ServeConfig, llm: DeploymentHandle, grpc: Any = None, prefill: Any = None
+    ) -> None:
+        # `grpc` (the GrpcIngress handle) is bound here only so Serve deploys it with the app;
+        # `prefill`: the prefill replicas' deployment (cluster/ingress/pd.py), None: none.
         from cluster.routing.metrics import RouterMetrics
         from workers.tokenizer import Tokenizer
 
@@ -98,6 +102,7 @@ class OpenAIIngress:
             self.metrics,
             queue_timeout_s=config.limits.queue_timeout_s,
             spans=self.spans,
+            **pd_client_kwargs(config, prefill),
         )
         self.auth = TenantAuth.from_config(config)  # API keys and tenants (tenants.py)
         self.gate = TenantGate.from_config(config, self.client)  # quotas (tenant_gate.py)

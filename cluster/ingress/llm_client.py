@@ -23,6 +23,9 @@
   the coalescing, so it sees every output once.
 - Tracing (`spans`, None when off): each attempt is a `kvray.route` span under the caller's
   server span, whose context the request carries to the replica (cluster/ingress/route_spans.py).
+- Disaggregation (`prefill`: the prefill deployment's handle, with `pd` its policy): an
+  attempt may run the prompt on a prefill replica first and the rest on a decode replica
+  (cluster/ingress/pd.py). It sits below migration, so a moved request is one attempt too.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from cluster.config.replicas import DEFAULT_MAX_MIGRATIONS
 from cluster.errors import as_kvray_error
 from cluster.ingress.checks import is_streamed
 from cluster.ingress.migration import migrating
+from cluster.ingress.pd import Disaggregation
 from workers.inputs import InputChecker
 
 if TYPE_CHECKING:
+    from cluster.ingress.pd import PdPolicy
     from cluster.ingress.route_spans import RouteSpans
     from cluster.messages import GenerateRequest
     from workers.outputs import RequestOutput
@@ -53,6 +58,9 @@ class LLMClient:
         metrics: Any = None,
         queue_timeout_s: float | None = None,
         spans: RouteSpans | None = None,
+        prefill: Any = None,
+        pd: PdPolicy | None = None,
+        pd_metrics: Any = None,
     ) -> None:
         # metrics: cluster.routing.metrics.RouterMetrics (migrations), or None (unit use).
         # queue_timeout_s: how long a request waits for a replica that can take it.
@@ -61,11 +69,19 @@ class LLMClient:
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
         self.spans = spans  # tracing (cluster/ingress/route_spans.py); None: off
-        self._stream_handle = handle.options(
-            stream=True, request_serialization="pickle", response_serialization="pickle"
-        )
+        self._stream_handle = _streaming(handle)
         self._card: dict[str, Any] | None = None
         self._checker: InputChecker | None = None
+        self._pd: Disaggregation | None = None
+        if prefill is not None and pd is not None:
+            prefill_handle = _streaming(prefill)
+            self._pd = Disaggregation(
+                pd,
+                lambda r: self._attempt(r, prefill_handle),
+                self._attempt,
+                self.input_checker,
+                pd_metrics,
+            )
 
     async def model_card(self) -> dict[str, Any]:
         """{"id", "max_model_len", "vocab_size", "created"} from LLMServer; fetched once (it
@@ -93,19 +109,21 @@ class LLMClient:
         """LLMServer.generate's outputs; errors come out as cluster.errors classes."""
         if self.spans is not None:
             request = self.spans.traced(request)  # under the caller's span, taken now
+        attempt = self._attempt if self._pd is None else self._pd.attempt
         outputs = (
-            migrating(
-                self._attempt, request, self.max_migrations, self.metrics, self.queue_timeout_s
-            )
+            migrating(attempt, request, self.max_migrations, self.metrics, self.queue_timeout_s)
             if self.max_migrations
-            else self._attempt(request)  # migration off: no resume state kept per output
+            else attempt(request)  # migration off: no resume state kept per output
         )
         if is_streamed(request.input.params):
             return coalesced(outputs)
         return outputs  # one output, the final one: nothing to merge
 
-    async def _attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """One call to one replica."""
+    async def _attempt(
+        self, request: GenerateRequest, handle: Any = None
+    ) -> AsyncIterator[RequestOutput]:
+        """One call to one replica: of the decode (or only) deployment unless `handle` (a
+        streaming handle of another) says otherwise."""
         gen = None
         finished = False
         spans, span = self.spans, None
@@ -113,7 +131,7 @@ class LLMClient:
             span, request = spans.start(request)
         try:
             # Serve may refuse at once (BackPressureError): inside the try, so it maps to 429.
-            gen = self._stream_handle.generate.remote(request)
+            gen = (handle or self._stream_handle).generate.remote(request)
             async for out in gen:
                 finished = out.finished
                 yield out
@@ -127,3 +145,9 @@ class LLMClient:
                 gen.cancel()  # the consumer left (or we failed): abort the engine request
             if spans is not None and span is not None:
                 spans.end(span, finished)
+
+
+def _streaming(handle: Any) -> Any:
+    return handle.options(
+        stream=True, request_serialization="pickle", response_serialization="pickle"
+    )

@@ -63,6 +63,9 @@ PULL_TIMEOUT_S = 10.0
 PUBLISH_TIMEOUT_S = 30.0
 # Outcomes of a request's pull decision (the metric's `outcome` label).
 OUTCOMES = ("pulled", "recompute", "miss", "failed")
+# A prefill replica's hand-off waits this long at most for its blocks to be published, polling.
+FLUSH_TIMEOUT_S = 5.0
+FLUSH_POLL_S = 0.002
 # Pulls whose request has not finished yet, kept for the cost model; the oldest beyond this
 # (requests that never finish: aborted, cancelled) are forgotten.
 MAX_PENDING_PULLS = 4096
@@ -89,6 +92,8 @@ class KvShare:
         self._lock = threading.Lock()
         self._mirror: set[int] = set()  # the engine's device-cached hashes
         self._queue: queue.Queue[tuple[KvBlockData, ...] | None] = queue.Queue(MAX_QUEUED_BATCHES)
+        # Batches handed to the publishing thread, and those it has finished (`flushed`).
+        self._enqueued = self._processed = 0
         self._thread = threading.Thread(target=self._publish_forever, daemon=True, name="kv-share")
         self._thread.start()
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -110,6 +115,7 @@ class KvShare:
             if isinstance(ev, BlocksExported):
                 try:
                     self._queue.put_nowait(ev.blocks)
+                    self._enqueued += 1
                 except queue.Full:
                     self._count_dropped(len(ev.blocks))
 
@@ -147,6 +153,7 @@ class KvShare:
                 self.metrics.published(n)
             if n < len(blocks):
                 self._count_dropped(len(blocks) - n)
+            self._processed += 1
 
     def _count_dropped(self, n: int) -> None:
         self.dropped += n
@@ -162,13 +169,29 @@ class KvShare:
             ids += inp.resume[0].output_token_ids
         return ids
 
-    async def attach(self, inp: EngineInput, request_id: str | None = None) -> EngineInput:
+    async def flushed(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Waits until every batch of blocks handed to the publishing thread so far is
+        published (or dropped), at most `timeout_s`: a prefill replica's hand-off, whose
+        decode replica looks the prompt's blocks up next. Whether they all were."""
+        await asyncio.sleep(0)  # the engine's KV events of the step that just ended
+        target, deadline = self._enqueued, time.monotonic() + timeout_s
+        while self._processed < target:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(FLUSH_POLL_S)
+        return True
+
+    async def attach(
+        self, inp: EngineInput, request_id: str | None = None, handoff: str | None = None
+    ) -> EngineInput:
         """`inp`, with the published blocks of its prompt when pulling them is cheaper than
         computing them; `inp` as it is otherwise (module doc). `request_id`: the id it runs
         under, so that its finished output completes the pull's cost (`observe_finished`);
-        without one the fetch alone is learned."""
+        without one the fetch alone is learned. `handoff` "decode": a prefill replica
+        computed them for this request (cluster/ingress/pd.py): pulled whatever the cost."""
         if inp.params.needs_every_prompt_position or len(inp.resume) > 1:
             return inp
+        forced = handoff == "decode"
         ids, bs = self._context(inp), self.block_size
         salt = None if inp.lora is None else inp.lora.lora_int_id
         hashes = prompt_block_hashes(ids, bs, len(ids), salt)
@@ -177,7 +200,7 @@ class KvShare:
         if local == len(hashes):
             return inp  # all on the device already (or no full block)
         missing = len(hashes) - local
-        if not self.cost.worth_looking_up(missing * bs, missing * self.block_bytes):
+        if not forced and not self.cost.worth_looking_up(missing * bs, missing * self.block_bytes):
             why = f"{missing} blocks compute faster than a lookup and a pull would take"
             return self._decided(inp, "recompute", why)
         t0 = time.perf_counter()
@@ -193,7 +216,7 @@ class KvShare:
             return self._decided(inp, "miss", f"{missing} blocks not published")
         # From here the lookup is spent either way: pulling is weighed without it.
         tokens, nbytes = len(found) * bs, len(found) * self.block_bytes
-        if not self.cost.worth_pulling(tokens, nbytes):
+        if not forced and not self.cost.worth_pulling(tokens, nbytes):
             why = (
                 f"pull {len(found)} blocks ~{self.cost.pull_seconds(nbytes) * 1e3:.1f} ms >= "
                 f"compute {tokens} tokens ~{self.cost.compute_seconds(tokens) * 1e3:.1f} ms"

@@ -187,7 +187,7 @@ class LLMServer:
             # A peer's blocks of its prompt, when worth pulling: only the engine holds them
             # (kept here, they would pin their objects in the store for the whole request).
             rid, share = request.request_id, self._kv_share
-            engine_inp = inp if share is None else await share.attach(inp, rid)
+            engine_inp = inp if share is None else await share.attach(inp, rid, request.handoff)
             stream = self._engine.generate_input(engine_inp, rid, queue_timeout_s)
             del engine_inp  # the stream drops it too, once the core has it
             if self._config.limits.request_timeout_s is not None:
@@ -215,6 +215,8 @@ class LLMServer:
                         self._metrics.observe_finished(out, inp.lora)
                         if self._kv_share is not None:
                             self._kv_share.observe_finished(out)
+                            if request.handoff == "prefill":  # a decode replica pulls them
+                                await self._kv_share.flushed()
                         if spans is not None and span is not None:
                             spans.finished(span, out)
                     yield out

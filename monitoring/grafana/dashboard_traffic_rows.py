@@ -188,4 +188,29 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
             ),
         ),
     ),
+    Row(
+        "Prefill/decode disaggregation",
+        (
+            Panel(
+                "Disaggregation decisions/s",
+                "With prefill replicas: requests per second sent to a prefill replica first "
+                "(disaggregated) or kept on a decode replica (why: short, resumed, unsupported, "
+                "no_room), and fallbacks, where the decode replica computed the prompt after all "
+                "(prefill_failed, pull_missed).",
+                (
+                    Target(rate("ray_kvray_pd_decisions_total", by="decision"), "{{decision}}"),
+                    Target(rate("ray_kvray_pd_fallback_total", by="reason"), "fallback {{reason}}"),
+                ),
+                width=12,
+            ),
+            Panel(
+                "Hand-off time",
+                "From sending a request to a prefill replica to its first tokens with the "
+                "prompt's KV published (prefill queue, prefill, publish), p50 / p99.",
+                quantiles("ray_kvray_pd_handoff_seconds", "", (0.5, 0.99)),
+                unit="s",
+                width=12,
+            ),
+        ),
+    ),
 )

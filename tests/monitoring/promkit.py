@@ -76,6 +76,9 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_router_lora_routing_total": "counter",
     "kvray_request_migrations_total": "counter",
     "kvray_migration_resume_seconds": "histogram",
+    "kvray_pd_decisions_total": "counter",
+    "kvray_pd_fallback_total": "counter",
+    "kvray_pd_handoff_seconds": "histogram",
     "kvray_tenant_requests_total": "counter",
     "kvray_tenant_tokens_total": "counter",
     "kvray_tenant_rejected_total": "counter",
@@ -83,10 +86,12 @@ KVRAY_METRICS: dict[str, str] = {
 }
 # Recorded by the ingresses (no model/replica labels); the rest by engine replicas.
 MIGRATION_METRICS = ("kvray_request_migrations_total", "kvray_migration_resume_seconds")
+# Disaggregation's, by the ingresses of an application with prefill replicas only.
+PD_METRICS = ("kvray_pd_decisions_total", "kvray_pd_fallback_total", "kvray_pd_handoff_seconds")
 INGRESS_METRICS = {
     n
     for n in KVRAY_METRICS
-    if n.startswith(("kvray_router_", "kvray_tenant_")) or n in MIGRATION_METRICS
+    if n.startswith(("kvray_router_", "kvray_tenant_")) or n in MIGRATION_METRICS + PD_METRICS
 }
 ENGINE_METRICS = {n: t for n, t in KVRAY_METRICS.items() if n not in INGRESS_METRICS}
 # Histograms that exist only once their event happened (Ray exports no empty histogram):
@@ -97,6 +102,7 @@ EVENT_METRICS = {
     "kvray_moe_expert_tokens_total",
     "kvray_moe_expert_load_imbalance_ratio",
     "kvray_kv_share_pull_seconds",  # a pull from the cluster KV tier (off by default)
+    *PD_METRICS,  # prefill replicas (none by default)
 }
 
 T = TypeVar("T")

@@ -130,6 +130,7 @@ def test_dashboard_covers_the_capacity_topics() -> None:
         "Tenants",
         "LoRA adapters",
         "Mixture of experts",
+        "Prefill/decode disaggregation",
     }
 
 

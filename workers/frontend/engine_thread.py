@@ -177,17 +177,21 @@ class EngineThread:
                 self._run_commands(block=not engine.has_unfinished())
                 if self._stopping:
                     break
+                outs = None
                 if engine.has_unfinished():
                     self._step_started = time.monotonic()
                     outs = engine.step()
                     self._step_started = None
                     if self._dead is not None:  # the watchdog gave up on this step
                         break
-                    if outs:
-                        self._sink.outputs(outs)
+                # A step's KV events before its outputs, as the engine process sends them:
+                # the cluster KV tier queues a step's blocks for publishing before a caller
+                # sees the output (a prefill replica's hand-off waits for them).
                 kv_events = engine.block_manager.pop_kv_events()
                 if kv_events:
                     self._sink.kv_events(kv_events)
+                if outs:
+                    self._sink.outputs(outs)
                 self._stats = engine.stats()
         except BaseException as e:  # noqa: BLE001 - any failure kills the engine, loudly
             log.exception("engine step failed; failing all requests")

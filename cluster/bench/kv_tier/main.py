@@ -20,9 +20,11 @@ finds another repeat's blocks. Per prompt:
 
 TTFT is timed inside each replica, from the request's arrival (before the pull decision and
 the pull) to its first streamed token. Each round waits until the origin's blocks are in
-the directory, so the pull arms time a pull, not the publishing. One untimed round at the
-smallest length warms every replica (and the pull path) first, after four fresh prompts
-each engine computes (two at the smallest length, two at the middle one). Greedy tokens of
+the directory, so the pull arms time a pull, not the publishing. Before the timed rounds
+each engine serves two fresh prompts its cost model does not learn from (an engine's first
+requests are slow), then four it does (two at the smallest length, two at the middle one),
+then one untimed round at the smallest length and one at the longest warm every arm (the
+longest makes the auto replica pull, so its pull path is warm too). Greedy tokens of
 every arm must equal the recompute arm's: a mismatch is printed and the command exits 1. Per
 round, the faster of `pull` and `recompute` (measured) is the right choice for `auto`: the
 report says in how many rounds auto made it (report.py).
@@ -64,6 +66,8 @@ AFTER_FAILOVER = 8
 DEFAULT_LENGTHS = (1024, 2048, 4096)
 # Fresh prompts each engine computes before the warm-up round.
 WARM_PROMPTS = 4
+# Untimed, unlearned requests each engine serves first.
+COLD_PROMPTS = 2
 ROLES = ("origin", "peer", "recomp", "auto", "fo_pull", "fo_recomp")
 FORCED = ("peer", "fo_pull")
 NO_TIER = ("recomp", "fo_recomp")
@@ -165,15 +169,21 @@ def _bench(
         )
         ids = sampleable_token_ids(model_dir)
         rng = random.Random(args.seed)
-        # Warm-up: fresh prompts on every engine, half at the smallest length and half at
-        # the middle one (the auto replica's cost model fits its prefill's fixed cost and
-        # marginal rate to them), then one untimed round through every arm.
+        # Warm-up (module doc): fresh prompts on every engine, half at the smallest length
+        # and half at the middle one (the auto replica's cost model fits its prefill's fixed
+        # cost and marginal rate to them), then untimed rounds through every arm.
         warm = [lengths[0], lengths[len(lengths) // 2]] * (WARM_PROMPTS // 2)
         for role in ROLES:
+            # An engine's first requests are slow (its first steps allocate); a serving
+            # replica's cost model sees thousands after them, so these are not learned.
+            for _ in range(COLD_PROMPTS):
+                prefix, _, suffix = _prompt(rng, ids, lengths[0])
+                ray.get(reps[role].generate.remote(prefix + suffix, 1, learn=False))
             for n in warm:
                 prefix, _, suffix = _prompt(rng, ids, n)
                 ray.get(reps[role].generate.remote(prefix + suffix, 1))
-        _round(reps, _prompt(rng, ids, lengths[0]), max_tokens, args.failover_at)
+        for n in (lengths[0], lengths[-1]):  # the longest: auto's pull path warms too
+            _round(reps, _prompt(rng, ids, n), max_tokens, args.failover_at)
         samples: dict[int, dict[str, list[dict[str, Any]]]] = {
             n: {arm: [] for arm in ARM_KEYS} for n in lengths
         }

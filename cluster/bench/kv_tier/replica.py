@@ -83,10 +83,12 @@ class TierReplica:
         max_tokens: int,
         resumed: list[int] | None = None,
         stop_after: int | None = None,
+        learn: bool = True,
     ) -> dict[str, Any]:
         """One greedy request, streamed. `resumed`: the outputs an earlier replica streamed
         before it stopped (the request continues from them); `stop_after`: abort it once it
-        streamed that many tokens (a replica stopped mid-stream)."""
+        streamed that many tokens (a replica stopped mid-stream); `learn`: whether the cost
+        model learns from it."""
         from workers import SamplingParams
         from workers.inputs import ResumedSample
         from workers.outputs import RequestOutputKind
@@ -124,7 +126,7 @@ class TierReplica:
                     final = out
                 if stop_after is not None and len(tokens) >= stop_after:
                     break
-        if final is not None and self.share is not None and not self.forced:
+        if final is not None and self.share is not None and not self.forced and learn:
             self.share.observe_finished(final)  # the learned cost model's rates
         outcome = None
         if self.share is not None:

@@ -8,7 +8,13 @@ import pytest
 from ray import serve
 
 from cluster.config import ServeConfig
-from cluster.deploy.app import build_app, ingress_options, llm_server_options
+from cluster.deploy.app import (
+    PREFILL_SERVER_NAME,
+    build_app,
+    ingress_options,
+    llm_server_options,
+    prefill_server_options,
+)
 from cluster.routing.router import ROUTER_CLASS_PATH
 
 
@@ -61,6 +67,32 @@ def test_replicas_autoscaling_and_router() -> None:
     assert auto["autoscaling_config"]["max_replicas"] == 5
     pow2 = llm_server_options(ServeConfig.from_flat(request_router="power_of_two", device="cpu"))
     assert "PowerOfTwo" in str(pow2["request_router_config"].request_router_class)
+
+
+def test_prefill_replicas_are_a_deployment_of_their_own() -> None:
+    config = ServeConfig.from_flat(
+        prefill_replicas=2,
+        min_replicas=1,
+        max_replicas=4,
+        kv_offload_gib=0.1,
+        kv_share_gib=0.1,
+        tensor_parallel_size=2,
+        device="cpu",
+    )
+    opts = prefill_server_options(config)
+    # A fixed count of the same replicas; the decode replicas (LLMServer) autoscale.
+    assert opts["name"] == PREFILL_SERVER_NAME and opts["num_replicas"] == 2
+    assert "autoscaling_config" not in opts
+    assert opts["placement_group_bundles"] == [{"CPU": 1}, {"CPU": 1}]
+    assert llm_server_options(config)["autoscaling_config"]["max_replicas"] == 4
+    # Both ingresses get the prefill deployment: the HTTP one as its fourth argument, the
+    # gRPC one (its third) as its fourth.
+    _, llm, grpc, prefill = build_app(config)._bound_deployment.init_args
+    assert prefill._bound_deployment.name == PREFILL_SERVER_NAME
+    assert llm._bound_deployment.name == "LLMServer"
+    assert grpc._bound_deployment.init_args[3] is prefill
+    _, _, _, none = build_app(config.replace(prefill_replicas=0))._bound_deployment.init_args
+    assert none is None
 
 
 def test_ingress_options() -> None:

@@ -1,0 +1,263 @@
+"""`Disaggregation` with real engines standing in for a prefill and a decode replica: a
+disaggregated request (prefill capped, then resumed on the other engine) must give exactly
+what one engine gives undisturbed: text, tokens, logprobs, finish reason and usage, streamed
+or not, greedy or seeded, with stop strings. The policy's decisions, a request that ends on
+the prefill, and a failed prefill (the decode engine computes it all, counted) are checked
+on the same setup. Ray is not needed: the attempt functions are the handle calls' stand-ins;
+the KV tier is not here either, so each decode recomputes the prompt (counted pull_missed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.config import ServeConfig
+from cluster.errors import EngineDeadError
+from cluster.ingress.migration import migrating
+from cluster.ingress.pd import HANDOFF_TOKENS, Disaggregation, PdPolicy
+from cluster.messages import GenerateRequest
+from workers import AsyncEngine, EngineArgs, SamplingParams
+from workers.outputs import RequestOutput, RequestOutputKind
+
+PROMPT = list(range(300, 340))
+_SEEN: list[list[int]] = []  # prompts the equality test used (each its own)
+
+
+@pytest.fixture(scope="module")
+def engines(demo_dir: Path) -> Iterator[dict[str, AsyncEngine]]:
+    made = {
+        name: AsyncEngine(EngineArgs(model=str(demo_dir), kv_cache_memory_bytes=32 << 20))
+        for name in ("prefill", "decode")
+    }
+    yield made
+    for e in made.values():
+        e.shutdown()
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.decisions: list[str] = []
+        self.fallbacks: list[str] = []
+        self.handoffs = 0
+
+    def decided(self, d: str) -> None:
+        self.decisions.append(d)
+
+    def fallback(self, r: str) -> None:
+        self.fallbacks.append(r)
+
+    def handed_off(self, _s: float) -> None:
+        self.handoffs += 1
+
+
+class Replicas:
+    """The prefill and decode deployments' stand-ins; `prefill_dies`: the prefill's attempt
+    fails before it yields (its engine restarting)."""
+
+    def __init__(self, engines: dict[str, AsyncEngine], prefill_dies: bool = False) -> None:
+        self.engines = engines
+        self.prefill_dies = prefill_dies
+        self.seen: list[tuple[str, GenerateRequest]] = []
+
+    def attempt(self, name: str):  # noqa: ANN201
+        async def call(request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+            self.seen.append((name, request))
+            if name == "prefill" and self.prefill_dies:
+                raise EngineDeadError("engine is restarting", replica="p", taken=False)
+            rid = f"{request.request_id}.{len(self.seen)}"
+            async for out in self.engines[name].generate_input(request.input, rid):
+                yield out
+
+        return call
+
+
+def _pd(engines: dict[str, AsyncEngine], replicas: Replicas, mode: str = "always"):  # noqa: ANN202
+    counts = Counts()
+
+    async def checker():  # noqa: ANN202
+        return engines["decode"].input_checker
+
+    pd = Disaggregation(
+        PdPolicy(mode, step_tokens=32, block_size=16),
+        replicas.attempt("prefill"),
+        replicas.attempt("decode"),
+        checker,
+        counts,
+    )
+    return pd, counts
+
+
+async def _collect(outs: AsyncIterator[RequestOutput]) -> tuple[str, list[int], RequestOutput]:
+    text, tokens, last = "", [], None
+    async for out in outs:
+        for c in out.outputs:
+            text += c.delta_text
+            tokens += c.delta_token_ids
+        last = out
+    assert last is not None and last.finished
+    return text, tokens, last
+
+
+def _request(
+    engines: dict[str, AsyncEngine], params: SamplingParams, prompt: list[int] = PROMPT
+) -> GenerateRequest:
+    return GenerateRequest("req", engines["decode"].input_checker.check(prompt, params))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=40, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True),
+        SamplingParams(
+            max_tokens=40,
+            temperature=0.0,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        ),
+    ],
+    ids=["greedy-logprobs", "seeded", "not-streamed"],
+)
+def test_a_disaggregated_request_equals_one_engine(
+    engines: dict[str, AsyncEngine], params: SamplingParams
+) -> None:
+    streamed = params.output_kind is RequestOutputKind.DELTA
+    # A prompt the decode engine has not cached: it computes it (no KV tier here).
+    prompt = [1000 + 3 * len(_SEEN) + i for i in range(40)]
+    _SEEN.append(prompt)
+
+    async def both() -> tuple:
+        request = _request(engines, params, prompt)
+        want = await _collect(Replicas(engines).attempt("prefill")(request))
+        replicas = Replicas(engines)
+        pd, counts = _pd(engines, replicas)
+        got = await _collect(migrating(pd.attempt, request, 3))
+        return want, got, replicas.seen, counts
+
+    (want_text, want_tokens, want), (text, tokens, got), seen, counts = asyncio.run(both())
+    c, w = got.outputs[0], want.outputs[0]
+    assert (c.text, c.token_ids, c.finish_reason) == (w.text, w.token_ids, "length")
+    # The same top tokens; values to float32 rounding (the decode computed the handed-off
+    # tokens in one chunk, not one per step).
+    # The chosen tokens' logprobs (the runner-up of a near tie may differ).
+    assert (c.logprobs is None) == (w.logprobs is None)
+    for t, got_lp, want_lp in zip(w.token_ids, c.logprobs or [], w.logprobs or [], strict=False):
+        assert got_lp[t] == pytest.approx(want_lp[t], abs=1e-4)
+    if streamed:  # the deltas add up to the same stream
+        assert (text, tokens) == (want_text, want_tokens)
+    assert got.metrics.num_generation_tokens == 40
+    assert [name for name, _ in seen] == ["prefill", "decode"]
+    prefill, decode = seen[0][1], seen[1][1]
+    assert prefill.handoff == "prefill" and prefill.input.params.max_tokens == HANDOFF_TOKENS
+    assert decode.handoff == "decode"
+    assert decode.input.resume[0].output_token_ids == tuple(w.token_ids[:HANDOFF_TOKENS])
+    assert counts.decisions == ["disaggregated"] and counts.handoffs == 1
+    assert counts.fallbacks == ["pull_missed"]  # no KV tier here: the decode recomputed
+
+
+def test_a_stop_string_held_back_at_the_hand_off_is_cut_as_on_one_engine(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    base = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+
+    async def run() -> tuple:
+        request = _request(engines, base)
+        _, _, plain = await _collect(Replicas(engines).attempt("decode")(request))
+        # A stop string spanning the hand-off: the end of the prefill's tokens' text and the
+        # start of the next token's.
+        short = SamplingParams(max_tokens=HANDOFF_TOKENS, temperature=0.0, ignore_eos=True)
+        _, _, cut = await _collect(Replicas(engines).attempt("decode")(_request(engines, short)))
+        text, at = plain.outputs[0].text, len(cut.outputs[0].text)
+        assert at >= 2, "the first tokens have text"
+        stop = text[at - 2 : at + 2]
+        params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop])
+        request = _request(engines, params)
+        want = await _collect(Replicas(engines).attempt("decode")(request))
+        pd, _ = _pd(engines, Replicas(engines))
+        got = await _collect(migrating(pd.attempt, request, 3))
+        return want, got
+
+    (want_text, _, want), (text, _, got) = asyncio.run(run())
+    assert text == want_text and got.outputs[0].text == want.outputs[0].text
+    assert got.outputs[0].finish_reason == want.outputs[0].finish_reason
+
+
+def test_a_request_that_ends_on_the_prefill_goes_no_further(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    async def run() -> tuple:
+        probe = _request(engines, SamplingParams(max_tokens=5, temperature=0.0))
+        _, _, plain = await _collect(Replicas(engines).attempt("decode")(probe))
+        first = plain.outputs[0].token_ids[0]
+        params = SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[first])
+        replicas = Replicas(engines)
+        pd, _ = _pd(engines, replicas)
+        got = await _collect(migrating(pd.attempt, _request(engines, params), 3))
+        return got, replicas.seen, first
+
+    (_, tokens, got), seen, first = asyncio.run(run())
+    assert [name for name, _ in seen] == ["prefill"]
+    assert got.outputs[0].finish_reason == "stop" and got.outputs[0].token_ids == [first]
+    assert got.request_id == "req"
+
+
+def test_a_failed_prefill_falls_back_to_the_decode_replica(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+
+    async def run() -> tuple:
+        request = _request(engines, params)
+        want = await _collect(Replicas(engines).attempt("decode")(request))
+        replicas = Replicas(engines, prefill_dies=True)
+        pd, counts = _pd(engines, replicas)
+        got = await _collect(migrating(pd.attempt, request, 3))
+        return want, got, replicas.seen, counts
+
+    (want_text, _, _), (text, _, got), seen, counts = asyncio.run(run())
+    assert text == want_text
+    assert [name for name, _ in seen] == ["prefill", "decode"]
+    assert seen[1][1].handoff is None and not seen[1][1].input.resume  # the whole request
+    assert counts.fallbacks == ["prefill_failed"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "prompt_len", "params", "decision"),
+    [
+        ("always", 8, SamplingParams(max_tokens=10), "disaggregated"),
+        ("auto", 8, SamplingParams(max_tokens=10), "short"),
+        ("auto", 40, SamplingParams(max_tokens=10), "disaggregated"),
+        ("always", 40, SamplingParams(max_tokens=HANDOFF_TOKENS), "no_room"),
+        ("always", 40, SamplingParams(max_tokens=10, n=2), "unsupported"),
+        ("always", 40, SamplingParams(max_tokens=10, prompt_logprobs=1), "unsupported"),
+    ],
+)
+def test_the_policy_decides_per_request(
+    engines: dict[str, AsyncEngine],
+    mode: str,
+    prompt_len: int,
+    params: SamplingParams,
+    decision: str,
+) -> None:
+    checker = engines["decode"].input_checker
+    inp = checker.check(PROMPT[:prompt_len], params)
+    policy = PdPolicy(mode, step_tokens=32, block_size=16)
+    assert policy.decide(inp, checker.max_model_len) == decision
+    if decision == "disaggregated":  # no room past the hand-off: local
+        assert policy.decide(inp, prompt_len + HANDOFF_TOKENS) == "no_room"
+
+
+def test_the_policy_follows_the_config() -> None:
+    assert PdPolicy.from_config(ServeConfig()) is None  # no prefill replicas
+    on = ServeConfig.from_flat(prefill_replicas=1, kv_offload_gib=0.1, kv_share_gib=0.1)
+    policy = PdPolicy.from_config(on)
+    assert policy is not None and policy.mode == "auto" and policy.step_tokens == 2048
+    assert PdPolicy.from_config(on.replace(pd="off")) is None
+    with pytest.raises(ValueError, match="prefill_replicas needs kv_share_gib"):
+        ServeConfig.from_flat(prefill_replicas=1)
+    with pytest.raises(ValueError, match="pd must be one of"):
+        ServeConfig.from_flat(pd="sometimes")

@@ -31,6 +31,7 @@ class MetricsHost:
     """Stands where LLMServer and the ingresses hold their metrics objects."""
 
     def __init__(self, model: str, replica: str) -> None:
+        from cluster.ingress.pd_metrics import PdMetrics
         from cluster.ingress.tenant_metrics import TenantMetrics
         from cluster.replica.metrics import EngineMetrics
         from cluster.routing.metrics import RouterMetrics
@@ -38,6 +39,7 @@ class MetricsHost:
         self.engine = EngineMetrics(model=model, replica=replica)
         self.router, self.tenants = RouterMetrics(), TenantMetrics(["acme"])
         self.kv_share = self.engine.kv_share
+        self.pd = PdMetrics()  # an ingress of an application with prefill replicas
 
     def call(self, target: str, method: str, *args: Any) -> None:
         getattr(getattr(self, target), method)(*args)
@@ -344,6 +346,7 @@ def feed_one_of_everything(host: Host) -> None:
         host.call("router", *call)
     host.call("tenants", "queue_time", "acme", 0.01)  # a histogram exists once observed
     host.call("kv_share", "pulled", 32, 0.004)
+    host.call("pd", "handed_off", 0.02)
 
 
 def all_families(s: Scrape) -> bool:

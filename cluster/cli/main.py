@@ -1,5 +1,5 @@
 """`kvray` command line: serve | generate | run-batch | bench throughput | bench serve |
-bench kernels | bench step | bench kv-tier | config.
+bench kernels | bench step | bench kv-tier | bench pd | config.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
 this file only wires them together, and imports them lazily so `kvray --help` is instant.
@@ -45,6 +45,11 @@ _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "cluster.bench.kv_tier.main",
         "the cluster KV tier: TTFT of a local hit, a peer pull, a recompute and a failover",
     ),
+    (
+        ("bench", "pd"),
+        "cluster.bench.pd.main",
+        "prefill/decode disaggregation against colocated replicas: one trace, latency, goodput",
+    ),
 ]
 
 
@@ -62,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         if len(path) == 2:
             if path[0] not in groups:
                 group = top.add_parser(
-                    path[0], help="benchmarks (throughput | serve | kernels | step | kv-tier)"
+                    path[0], help="benchmarks (throughput | serve | kernels | step | kv-tier | pd)"
                 )
                 groups[path[0]] = group.add_subparsers(
                     dest="subcommand", metavar="SUBCOMMAND", required=True

@@ -1,0 +1,1 @@
+"""`kvray bench pd`: prefill/decode disaggregation against colocated replicas."""

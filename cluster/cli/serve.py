@@ -289,11 +289,14 @@ def banner(
 
 def _replica_text(config: ServeConfig) -> str:
     auto = config.autoscaling_config()
-    return (
+    n = (
         f"{auto['min_replicas']}-{auto['max_replicas']}"
         if auto
         else str(config.replicas.num_replicas)
     )
+    if config.pd.prefill_replicas:  # docs/disaggregation.md
+        return f"{n} decode + {config.pd.prefill_replicas} prefill (--pd {config.pd.pd})"
+    return n
 
 
 def shutdown(address: str | None, drain_timeout_s: float) -> None:

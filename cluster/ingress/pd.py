@@ -135,7 +135,11 @@ class Disaggregation:
         self._count("handed_off", time.monotonic() - t0)
         c = first.outputs[0]
         if c.finish_reason != "length":  # it ended before the cap: nothing to decode
-            yield dataclasses.replace(first, request_id=request.request_id)
+            # The client has none of it yet: the deltas are the whole of it.
+            whole = dataclasses.replace(
+                c, delta_text=c.text, delta_token_ids=list(c.token_ids), delta_logprobs=c.logprobs
+            )
+            yield dataclasses.replace(first, request_id=request.request_id, outputs=[whole])
             return
         tokens = list(c.token_ids)
         logprobs = list(c.logprobs) if c.logprobs is not None else None

@@ -186,22 +186,28 @@ def test_a_stop_string_held_back_at_the_hand_off_is_cut_as_on_one_engine(
     assert got.outputs[0].finish_reason == want.outputs[0].finish_reason
 
 
+@pytest.mark.parametrize("at", range(HANDOFF_TOKENS))
 def test_a_request_that_ends_on_the_prefill_goes_no_further(
-    engines: dict[str, AsyncEngine],
+    engines: dict[str, AsyncEngine], at: int
 ) -> None:
     async def run() -> tuple:
         probe = _request(engines, SamplingParams(max_tokens=5, temperature=0.0))
         _, _, plain = await _collect(Replicas(engines).attempt("decode")(probe))
-        first = plain.outputs[0].token_ids[0]
-        params = SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[first])
+        stop = plain.outputs[0].token_ids[at]  # it stops on its token `at`
+        params = SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop])
+        request = _request(engines, params)
+        want = await _collect(Replicas(engines).attempt("decode")(request))
         replicas = Replicas(engines)
         pd, _ = _pd(engines, replicas)
-        got = await _collect(migrating(pd.attempt, _request(engines, params), 3))
-        return got, replicas.seen, first
+        got = await _collect(migrating(pd.attempt, request, 3))
+        return want, got, replicas.seen
 
-    (_, tokens, got), seen, first = asyncio.run(run())
+    (want_text, want_tokens, want), (text, tokens, got), seen = asyncio.run(run())
     assert [name for name, _ in seen] == ["prefill"]
-    assert got.outputs[0].finish_reason == "stop" and got.outputs[0].token_ids == [first]
+    # The streamed deltas add up to the whole output, as on one engine.
+    assert (text, tokens) == (want_text, want_tokens)
+    assert got.outputs[0].finish_reason == "stop"
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
     assert got.request_id == "req"
 
 

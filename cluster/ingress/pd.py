@@ -28,8 +28,9 @@ more tokens,
 and in `auto` a prompt that fits one engine step's token budget (it holds up the decode
 replica's streams for one step at most; moving it costs a transfer and a second hop).
 
-Failures: a prefill that fails before its token (its replica or engine died, a full queue,
-a timeout) falls back to the decode replica computing the whole prompt; a decode replica
+Failures: a prefill that fails before its tokens (its replica or engine died, a full queue,
+a timeout) or ends aborted (out of KV cache there) falls back to the decode replica computing
+the whole prompt; a decode replica
 that found the blocks gone recomputes them (the tier never serves a wrong block). Both are
 counted (`kvray_pd_fallback_total{reason}`), never silent. A decode replica that dies is a
 migration like any other (cluster/ingress/migration.py sits above this).
@@ -134,7 +135,7 @@ class Disaggregation:
             return
         self._count("handed_off", time.monotonic() - t0)
         c = first.outputs[0]
-        if c.finish_reason != "length":  # it ended before the cap: nothing to decode
+        if c.finish_reason != "length":  # it stopped before the cap: nothing to decode
             # The client has none of it yet: the deltas are the whole of it.
             whole = dataclasses.replace(
                 c, delta_text=c.text, delta_token_ids=list(c.token_ids), delta_logprobs=c.logprobs
@@ -186,6 +187,10 @@ class Disaggregation:
                 return None
         if last is None or not last.finished or not last.outputs[0].token_ids:
             self._fallback(request, "the prefill ended without a token")
+            return None
+        c = last.outputs[0]
+        if c.finish_reason not in ("stop", "length"):  # aborted there (e.g. out of KV cache)
+            self._fallback(request, f"the prefill ended with {c.finish_reason} ({c.stop_reason})")
             return None
         return last
 

@@ -10,6 +10,9 @@ the KV tier is not here either, so each decode recomputes the prompt (counted pu
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,10 +24,11 @@ from cluster.ingress.migration import migrating
 from cluster.ingress.pd import HANDOFF_TOKENS, Disaggregation, PdPolicy
 from cluster.messages import GenerateRequest
 from workers import AsyncEngine, EngineArgs, SamplingParams
-from workers.outputs import RequestOutput, RequestOutputKind
+from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 
 PROMPT = list(range(300, 340))
-_SEEN: list[list[int]] = []  # prompts the equality test used (each its own)
+_SEEN: list[list[int]] = []
+_IDS = itertools.count()  # prompts the equality test used (each its own)
 
 
 @pytest.fixture(scope="module")
@@ -55,20 +59,25 @@ class Counts:
 
 
 class Replicas:
-    """The prefill and decode deployments' stand-ins; `prefill_dies`: the prefill's attempt
-    fails before it yields (its engine restarting)."""
+    """The prefill and decode deployments' stand-ins; `prefill_fails`: "dies" (the prefill's
+    attempt fails before it yields: its engine restarting) or "aborts" (the prefill replica
+    ends the request aborted after a token: e.g. out of KV cache there)."""
 
-    def __init__(self, engines: dict[str, AsyncEngine], prefill_dies: bool = False) -> None:
+    def __init__(self, engines: dict[str, AsyncEngine], prefill_fails: str = "") -> None:
         self.engines = engines
-        self.prefill_dies = prefill_dies
+        self.prefill_fails = prefill_fails
         self.seen: list[tuple[str, GenerateRequest]] = []
 
     def attempt(self, name: str):  # noqa: ANN201
         async def call(request: GenerateRequest) -> AsyncIterator[RequestOutput]:
             self.seen.append((name, request))
-            if name == "prefill" and self.prefill_dies:
+            if name == "prefill" and self.prefill_fails == "dies":
                 raise EngineDeadError("engine is restarting", replica="p", taken=False)
-            rid = f"{request.request_id}.{len(self.seen)}"
+            if name == "prefill" and self.prefill_fails == "aborts":
+                aborted = CompletionOutput(0, token_ids=[400], finish_reason="abort")
+                yield RequestOutput("p", None, [], [aborted], finished=True)
+                return
+            rid = f"{request.request_id}.{next(_IDS)}"  # never reused, as a server's
             async for out in self.engines[name].generate_input(request.input, rid):
                 yield out
 
@@ -211,15 +220,16 @@ def test_a_request_that_ends_on_the_prefill_goes_no_further(
     assert got.request_id == "req"
 
 
+@pytest.mark.parametrize("how", ["dies", "aborts"])
 def test_a_failed_prefill_falls_back_to_the_decode_replica(
-    engines: dict[str, AsyncEngine],
+    engines: dict[str, AsyncEngine], how: str
 ) -> None:
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 
     async def run() -> tuple:
         request = _request(engines, params)
         want = await _collect(Replicas(engines).attempt("decode")(request))
-        replicas = Replicas(engines, prefill_dies=True)
+        replicas = Replicas(engines, prefill_fails=how)
         pd, counts = _pd(engines, replicas)
         got = await _collect(migrating(pd.attempt, request, 3))
         return want, got, replicas.seen, counts
@@ -267,3 +277,43 @@ def test_the_policy_follows_the_config() -> None:
         ServeConfig.from_flat(prefill_replicas=1)
     with pytest.raises(ValueError, match="pd must be one of"):
         ServeConfig.from_flat(pd="sometimes")
+
+
+def test_a_client_that_leaves_frees_both_replicas(engines: dict[str, AsyncEngine]) -> None:
+    """The client goes away while the prefill runs, or mid-decode: neither engine keeps the
+    request or a KV block of it."""
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    prompt = [2000 + i % 900 for i in range(1500)]  # a prefill of some milliseconds
+
+    async def leave(after_chunks: int | None, after_s: float = 0.0) -> int:
+        pd, _ = _pd(engines, Replicas(engines))
+        chunks = 0
+
+        async def consume() -> None:
+            nonlocal chunks
+            outs = migrating(pd.attempt, _request(engines, params, prompt), 3)
+            async with contextlib.aclosing(outs):
+                async for _ in outs:
+                    chunks += 1
+                    if chunks == after_chunks:
+                        return  # leaving: the stream closes
+
+        task = asyncio.create_task(consume())
+        if after_chunks is None:  # cancelled while the prefill replica computes
+            await asyncio.sleep(after_s)
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return chunks
+
+    assert asyncio.run(leave(None, 0.005)) == 0
+    _assert_no_blocks_held(engines)
+    assert asyncio.run(leave(5)) == 5  # the hand-off's chunk, then 4 of the decode's
+    _assert_no_blocks_held(engines)
+
+
+def _assert_no_blocks_held(engines: dict[str, AsyncEngine]) -> None:
+    deadline = time.monotonic() + 10
+    while any(e.stats().kv_blocks_used or e.stats().num_requests_running for e in engines.values()):
+        assert time.monotonic() < deadline, {n: e.stats() for n, e in engines.items()}
+        time.sleep(0.01)

@@ -24,6 +24,7 @@ class RequestRecord:
     e2e: float = 0.0
     cached_tokens: int = 0
     error: str = ""
+    text: str = ""  # the streamed text (http): benches that compare outputs read it
 
 
 @dataclass(frozen=True)

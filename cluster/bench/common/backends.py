@@ -104,6 +104,7 @@ class HttpBackend:
         rec = RequestRecord(ok=False, prompt_len=req.prompt_len)
         start = time.perf_counter()
         last = start
+        parts: list[str] = []
         try:
             async with self._session.post(self._url, json=body, headers=self._headers) as resp:
                 if resp.status != 200:
@@ -119,6 +120,7 @@ class HttpBackend:
                         else:
                             rec.itl.append(now - last)
                         last = now
+                        parts.append(msg["choices"][0].get("text") or "")
                     usage = msg.get("usage")
                     if usage:
                         rec.output_len = usage["completion_tokens"]
@@ -128,6 +130,7 @@ class HttpBackend:
             rec.error = f"{type(err).__name__}: {err}"
             return rec
         rec.e2e = time.perf_counter() - start
+        rec.text = "".join(parts)
         rec.ok = rec.output_len > 0
         if not rec.ok:
             rec.error = "no usage in the stream"

@@ -14,10 +14,10 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from cluster.bench.common.backend_types import BackendContext
-from cluster.bench.common.backends import completions_target, http_session, sse_messages
+from cluster.bench.common.backends import HttpBackend
+from cluster.bench.common.workload import BenchRequest
 
 
 @dataclass(frozen=True)
@@ -59,30 +59,23 @@ async def replay(
     ctx: BackendContext, shape: TraceShape, ids: list[int], phase: str, bursts: bool
 ) -> list[Record]:
     """One phase (module doc), its requests keyed under `phase`: every request's record, in
-    the order they ended."""
-    url, headers = completions_target(ctx)
+    the order they ended. Sent as `kvray bench serve` sends them (greedy, ignore_eos)."""
     records: list[Record] = []
-    async with http_session(ctx) as session:
+    backend = await HttpBackend.open(ctx)
+    try:
         deadline = time.perf_counter() + shape.phase_s
 
         async def send(key: str, kind: str, length: int, out: int) -> None:
-            body = {
-                "model": ctx.model,
-                "prompt": prompt(shape, ids, key, length),
-                "max_tokens": out,
-                "ignore_eos": True,
-                "temperature": 0.0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            records.append(await _stream(session, url, headers, body, key, kind))
+            rec = await backend.send(BenchRequest(tuple(prompt(shape, ids, key, length)), out))
+            records.append(
+                Record(key, kind, rec.ttft, rec.itl, rec.e2e, rec.output_len, rec.text, rec.error)
+            )
 
         async def stream(s: int) -> None:
             n = 0
             while time.perf_counter() < deadline:
-                await send(
-                    f"{phase}:s{s}-{n}", "steady", shape.steady_prompt_len, shape.steady_output_len
-                )
+                key = f"{phase}:s{s}-{n}"
+                await send(key, "steady", shape.steady_prompt_len, shape.steady_output_len)
                 n += 1
 
         async def burster() -> None:
@@ -108,35 +101,6 @@ async def replay(
         if bursts:
             tasks.append(burster())
         await asyncio.gather(*tasks)
+    finally:
+        await backend.close()
     return records
-
-
-async def _stream(
-    session: Any, url: str, headers: dict[str, str], body: dict[str, Any], key: str, kind: str
-) -> Record:
-    rec = Record(key, kind)
-    start = last = time.perf_counter()
-    parts: list[str] = []
-    try:
-        async with session.post(url, json=body, headers=headers) as resp:
-            if resp.status != 200:
-                rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                return rec
-            async for now, msg in sse_messages(resp):
-                if msg.get("choices"):
-                    if rec.ttft == 0.0:
-                        rec.ttft = now - start
-                    else:
-                        rec.gaps.append(now - last)
-                    last = now
-                    parts.append(msg["choices"][0].get("text") or "")
-                if msg.get("usage"):
-                    rec.tokens = msg["usage"]["completion_tokens"]
-    except Exception as err:  # a failed request is a data point
-        rec.error = f"{type(err).__name__}: {err}"
-        return rec
-    rec.e2e = time.perf_counter() - start
-    rec.text = "".join(parts)
-    if rec.tokens == 0:
-        rec.error = "no usage in the stream"
-    return rec

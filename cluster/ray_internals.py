@@ -241,6 +241,41 @@ def handle_request_router(handle: Any) -> RequestRouter | None:
     return handle._router._asyncio_router.request_router
 
 
+def built_request_router(handle: Any) -> RequestRouter | None:
+    """The RequestRouter a DeploymentHandle has built, or None before its first call; never
+    builds one (Serve builds it lazily on first use, on its own thread).
+
+    Relies on the same private attributes as `handle_request_router`, and on the
+    AsyncioRouter's `_request_router` behind its lazy `request_router` property.
+    """
+    router = getattr(handle, "_router", None)
+    inner = getattr(router, "_asyncio_router", None)
+    return getattr(inner, "_request_router", None)
+
+
+def owned_actor_pids(owner_pid: int, class_name: str) -> list[int]:
+    """Processes of the live actors of `class_name` that the actor in process `owner_pid`
+    created (a replica's TP rank actors: a test kills one of a given replica's).
+
+    Reads the GCS actor table through `ray._private.state.actors()` (the public state API
+    needs the dashboard, which tests run without): each entry's owner address is the
+    creating worker's, whose port identifies it."""
+    from ray._private import state
+
+    table = state.actors().values()
+    owner = [a for a in table if a["Pid"] == owner_pid and a["State"] == "ALIVE"]
+    if len(owner) != 1:
+        return []
+    port = owner[0]["Address"]["Port"]
+    return [
+        a["Pid"]
+        for a in table
+        if a["State"] == "ALIVE"
+        and a["ActorClassName"] == class_name
+        and a["OwnerAddress"]["Port"] == port
+    ]
+
+
 def replica_actor(app_name: str, deployment: str, unique_id: str) -> Any:
     """The actor of one Serve replica (a test kills it to make Serve start a new one).
 

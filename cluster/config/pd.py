@@ -5,14 +5,22 @@ With `prefill_replicas` > 0 the application has a second engine deployment
 first token sampled on a prefill replica, which publishes the prompt's blocks to the cluster
 KV tier; a decode replica (the `num_replicas` ones: LLMServer) pulls them and generates the
 rest (cluster/ingress/pd.py). The KV moves through the tier, so it needs `kv_share_gib` > 0
-(ServeConfig checks that)."""
+(ServeConfig checks that).
+
+The prefill replicas are a fixed count unless `prefill_max_replicas` is set: then they
+autoscale from `prefill_replicas` to it on the prompt tokens waiting on them, their work
+(cluster/controller/autoscaling.py), with the decode replicas' delays and request target."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from cluster.config.checks import is_int, need, need_choice
+from cluster.config.checks import is_int, is_num, need, need_choice
 from cluster.config.setting import REPLICAS_GROUP, setting
+
+if TYPE_CHECKING:
+    from cluster.config.autoscaling import AutoscalingSettings
 
 PD_MODES = ("auto", "always", "off")
 
@@ -30,17 +38,65 @@ class PdSettings:
     )
     pd: str = setting(
         "auto",
-        "with prefill replicas, which requests go to one first: always, off, or auto (those "
-        "whose prompt is longer than one engine step's token budget, which would otherwise "
-        "hold up the decode replica's streams for several steps)",
+        "with prefill replicas, which requests go to one first: always, off, or auto (each "
+        "by an estimate of the delay it adds either way, from the replicas' load, cached "
+        "prefixes and measured rates)",
         REPLICAS_GROUP,
         choices=PD_MODES,
+    )
+    prefill_max_replicas: int | None = setting(
+        None,
+        "autoscale the prefill replicas from --prefill-replicas up to this many, on the "
+        "prompt tokens waiting on them; unset: a fixed count",
+        REPLICAS_GROUP,
+    )
+    target_prefill_queued_tokens: float = setting(
+        8192.0,
+        "prefill autoscaling: prompt tokens waiting per prefill replica",
+        REPLICAS_GROUP,
     )
 
     def __post_init__(self) -> None:
         p = self.prefill_replicas
         need(is_int(p) and p >= 0, "prefill_replicas", "must be an integer >= 0", p)
         need_choice(self, "pd", PD_MODES)
+        hi = self.prefill_max_replicas
+        need(
+            hi is None or (is_int(hi) and hi >= max(p, 1)),
+            "prefill_max_replicas",
+            f"must be an integer >= prefill_replicas ({p}) and >= 1, or null",
+            hi,
+        )
+        t = self.target_prefill_queued_tokens
+        need(is_num(t) and t > 0, "target_prefill_queued_tokens", "must be a number > 0", t)
+
+    def serve_autoscaling(self, decode: AutoscalingSettings) -> dict[str, Any] | None:
+        """Ray Serve's autoscaling_config of the prefill deployment (None: a fixed count):
+        the decode replicas' policy (`decode`'s delays and waiting-request target, KV usage
+        at most one replica's worth) with the waiting prompt tokens as a third signal."""
+        if self.prefill_max_replicas is None:
+            return None
+        from dataclasses import replace
+
+        from cluster.config.autoscaling import LLM_AUTOSCALING_POLICY
+
+        bounds = replace(
+            decode, min_replicas=self.prefill_replicas, max_replicas=self.prefill_max_replicas
+        )
+        config = bounds.serve_config(self.prefill_replicas)
+        assert config is not None  # both bounds set
+        kwargs = {
+            "target_waiting_requests": float(decode.target_waiting_requests),
+            "target_kv_cache_usage": 1.0,
+            "upscale_delay_s": float(decode.upscale_delay_s),
+            "downscale_delay_s": float(decode.downscale_delay_s),
+            "target_queued_tokens": float(self.target_prefill_queued_tokens),
+        }
+        return config | {
+            "upscale_delay_s": 0.0,
+            "downscale_delay_s": 0.0,
+            "policy": {"policy_function": LLM_AUTOSCALING_POLICY, "policy_kwargs": kwargs},
+        }
 
     @property
     def enabled(self) -> bool:

@@ -6,7 +6,10 @@ cache fills it. Each replica reports its own load through Serve's `record_autosc
 hook (cluster/replica/llm_server.py): requests waiting (admitted, not yet running) and the
 fraction of its KV cache in use. This policy asks for as many replicas as the more demanding
 of the two signals needs at its per-replica target, plus the requests Serve's handles still
-hold because no replica could take them (at zero replicas, all of them).
+hold because no replica could take them (at zero replicas, all of them). Prefill replicas
+(cluster/config/pd.py) add a third: the prompt tokens waiting on them, which is their work
+(`target_queued_tokens`; None for the decode replicas, whose waiting prompts are a fraction
+of what they do).
 
 Hysteresis, so a burst's tail or one idle second does not flap the replica count:
 - a band: replicas are added once a signal is over its target, but taken away only when the
@@ -32,9 +35,21 @@ from typing import Any
 # Names of the per-replica stats LLMServer.record_autoscaling_stats reports.
 WAITING_STAT = "kvray_waiting_requests"
 KV_USAGE_STAT = "kvray_kv_cache_usage"
+QUEUED_TOKENS_STAT = "kvray_queued_prompt_tokens"
 # Keys of this policy's own state in Serve's policy_state (Serve keeps its keys beside them).
 _WANT = "kvray_want"
 _SINCE = "kvray_want_since"
+
+
+def scaling_stats(waiting: int, kv_usage: float, queued_tokens: int) -> dict[str, float]:
+    """One replica's `record_autoscaling_stats`: its engine's waiting requests and KV-cache
+    usage (the kvray_num_requests_waiting and kvray_kv_cache_usage_ratio gauges) and the
+    prompt tokens waiting there."""
+    return {
+        WAITING_STAT: float(waiting),
+        KV_USAGE_STAT: float(kv_usage),
+        QUEUED_TOKENS_STAT: float(queued_tokens),
+    }
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,7 @@ class Load:
 
     waiting: float  # requests waiting on replicas + requests queued in Serve's handles
     kv_usage: float  # sum of the replicas' KV-cache usage fractions
+    queued_tokens: float = 0.0  # sum of the replicas' waiting prompt tokens
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,7 @@ class ScalingTargets:
     upscale_delay_s: float
     downscale_delay_s: float
     downscale_fraction: float = 0.7
+    target_queued_tokens: float | None = None  # waiting prompt tokens per replica; None: off
 
     def __post_init__(self) -> None:
         if not self.target_waiting_requests > 0:
@@ -62,12 +79,17 @@ class ScalingTargets:
             raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
         if not 0 < self.downscale_fraction <= 1:
             raise ValueError("downscale_fraction must be in (0, 1]")
+        if self.target_queued_tokens is not None and not self.target_queued_tokens > 0:
+            raise ValueError("target_queued_tokens must be > 0 or None")
 
     def replicas_for(self, load: Load, fraction: float = 1.0) -> int:
         """Fewest replicas that hold `load` at `fraction` of the targets (0 for no load)."""
         need = max(
             load.waiting / (self.target_waiting_requests * fraction),
             load.kv_usage / (self.target_kv_cache_usage * fraction),
+            load.queued_tokens / (self.target_queued_tokens * fraction)
+            if self.target_queued_tokens
+            else 0.0,
         )
         # A tiny float excess (3.0000000001) must not cost a replica.
         return max(0, math.ceil(need - 1e-9))
@@ -122,7 +144,8 @@ def load_from_stats(per_replica: dict[str, dict[Any, float]] | None, queued: flo
     stats = per_replica or {}
     waiting = sum(stats.get(WAITING_STAT, {}).values())
     kv = sum(stats.get(KV_USAGE_STAT, {}).values())
-    return Load(waiting=waiting + max(0.0, queued), kv_usage=kv)
+    tokens = sum(stats.get(QUEUED_TOKENS_STAT, {}).values())
+    return Load(waiting=waiting + max(0.0, queued), kv_usage=kv, queued_tokens=tokens)
 
 
 class LLMAutoscalingPolicy:

@@ -79,11 +79,16 @@ def _bind(
 
 
 def prefill_server_options(config: ServeConfig) -> dict[str, Any]:
-    """Deployment options of the prefill replicas (cluster/ingress/pd.py): LLMServer's, a
-    fixed count of its own."""
+    """Deployment options of the prefill replicas (cluster/ingress/pd.py): LLMServer's, with
+    a fixed count of their own or their own autoscaling."""
     opts = llm_server_options(config)
-    opts.pop("autoscaling_config", None)
-    return {**opts, "name": PREFILL_SERVER_NAME, "num_replicas": config.pd.prefill_replicas}
+    for decode_only in ("autoscaling_config", "num_replicas"):
+        opts.pop(decode_only, None)
+    opts["name"] = PREFILL_SERVER_NAME
+    autoscaling = config.pd.serve_autoscaling(config.autoscaling)
+    if autoscaling is not None:  # on the prompt tokens waiting (cluster/config/pd.py)
+        return {**opts, "autoscaling_config": autoscaling}
+    return {**opts, "num_replicas": config.pd.prefill_replicas}
 
 
 def uses_gpu(config: ServeConfig) -> bool:

@@ -39,6 +39,7 @@ from cluster.errors import as_kvray_error
 from cluster.ingress.checks import is_streamed
 from cluster.ingress.migration import migrating
 from cluster.ingress.pd import Disaggregation
+from cluster.routing.replica_loads import replica_loads
 from workers.inputs import InputChecker
 
 if TYPE_CHECKING:
@@ -81,6 +82,10 @@ class LLMClient:
                 self._attempt,
                 self.input_checker,
                 pd_metrics,
+                lambda inp: (
+                    replica_loads(self._stream_handle, inp),
+                    replica_loads(prefill_handle, inp),
+                ),
             )
 
     async def model_card(self) -> dict[str, Any]:

@@ -25,8 +25,11 @@ Kept local (straight to a decode replica), counted by reason: a resumed request 
 one continues where it is), one that needs every prompt position (prompt logprobs, mean
 pooling) or is an embedding, n > 1, max_tokens <= HANDOFF_TOKENS, a prompt with no room for
 more tokens,
-and in `auto` a prompt that fits one engine step's token budget (it holds up the decode
-replica's streams for one step at most; moving it costs a transfer and a second hop).
+and in `auto` a request whose estimated cost is lower on a decode replica than disaggregated
+(cluster/ingress/pd_cost.py: the delay each way adds to it and to the requests beside it,
+from the replicas' live load, cached prefixes and measured rates). Until the routers have
+seen the replicas, `auto` keeps a prompt that fits one engine step's token budget local
+(it holds up the decode replica's streams for one step at most).
 
 Failures: a prefill that fails before its tokens (its replica or engine died, a full queue,
 a timeout) or ends aborted (out of KV cache there) falls back to the decode replica computing
@@ -45,7 +48,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from cluster.errors import KvrayError
-from cluster.ingress.pd_metrics import PdMetrics
+from cluster.ingress.pd_cost import PdEstimate, ReplicaLoad, estimate
+from cluster.ingress.pd_metrics import PdMetrics, ttft_phases
 from workers.inputs import ResumedSample
 from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 
@@ -57,6 +61,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ray.serve.kvray.pd")
 
 Attempt = Callable[["GenerateRequest"], AsyncIterator[RequestOutput]]
+# The replicas of the decode and the prefill deployment for one input, as their routers see
+# them (cluster/routing/replica_loads.py); None for a side whose router cannot tell yet.
+Loads = Callable[["EngineInput"], tuple["list[ReplicaLoad] | None", "list[ReplicaLoad] | None"]]
 
 # Tokens a prefill replica generates before the hand-off: the first, and one more step,
 # which exports the prompt's last full blocks (module doc).
@@ -81,8 +88,15 @@ class PdPolicy:
         step = e.max_num_batched_tokens or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, e.block_size)
         return PdPolicy(config.pd.pd, step, e.block_size)
 
-    def decide(self, inp: EngineInput, max_model_len: int) -> str:
-        """ "disaggregated", or the reason the request stays on a decode replica."""
+    def decide(
+        self,
+        inp: EngineInput,
+        max_model_len: int,
+        cost: Callable[[], PdEstimate | None] | None = None,
+    ) -> str:
+        """ "disaggregated", or the reason the request stays on a decode replica. `cost`:
+        auto's estimate both ways, asked for only when auto needs it (None, or it returns
+        None: not known yet, the step-budget rule decides)."""
         p = inp.params
         if inp.resume:
             return "resumed"
@@ -92,8 +106,12 @@ class PdPolicy:
         room = prompt + HANDOFF_TOKENS < max_model_len
         if (p.max_tokens is not None and p.max_tokens <= HANDOFF_TOKENS) or not room:
             return "no_room"
-        if self.mode == "auto" and prompt <= self.step_tokens:
-            return "short"
+        if self.mode == "auto":
+            est = cost() if cost is not None else None
+            if est is not None:
+                return "disaggregated" if est.disaggregate else "cheaper_local"
+            if prompt <= self.step_tokens:
+                return "short"
         return "disaggregated"
 
 
@@ -108,32 +126,74 @@ class Disaggregation:
         decode: Attempt,
         checker: Callable[[], Awaitable[InputChecker]],
         metrics: Any = None,
+        loads: Loads | None = None,
     ) -> None:
         # prefill / decode: one call to the prefill / decode deployment (LLMClient's).
         # checker: the served model's limits (LLMClient.input_checker).
         # metrics: cluster/ingress/pd_metrics.PdMetrics, or None (unit use).
+        # loads: both deployments' replicas for auto's estimate (None: the step-budget rule).
         self.policy = policy
         self._prefill = prefill
         self._decode = decode
         self._checker = checker
         self.metrics = metrics
+        self._loads = loads
+        # Prompt tokens this ingress sent to prefill replicas that have not returned yet: the
+        # replicas' stats show them a stats period late, and a burst arrives within one.
+        self._prefilling = 0
+
+    def estimate(self, inp: EngineInput) -> PdEstimate | None:
+        """auto's estimate for `inp` both ways (cluster/ingress/pd_cost.py); None while
+        either deployment's router cannot tell."""
+        if self._loads is None:
+            return None
+        decode, prefill = self._loads(inp)
+        if not decode or not prefill:
+            return None
+        if self._prefilling:  # spread over the prefill replicas, as their router does
+            share = self._prefilling // len(prefill)
+            prefill = [
+                dataclasses.replace(p, queued_tokens=max(p.queued_tokens, share)) for p in prefill
+            ]
+        prompt = len(inp.prompt_token_ids)
+        est = estimate(
+            prompt,
+            decode,
+            prefill,
+            block_size=self.policy.block_size,
+            handoff_tokens=HANDOFF_TOKENS,
+        )
+        if est is not None:
+            logger.debug(
+                "%d-token prompt: ~%.1f ms of delay on a decode replica, ~%.1f ms disaggregated",
+                prompt,
+                est.local_s * 1e3,
+                est.pd_s * 1e3,
+            )
+        return est
 
     async def attempt(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         inp = request.input
         checker = await self._checker()
-        decision = self.policy.decide(inp, checker.max_model_len)
+        decision = self.policy.decide(inp, checker.max_model_len, lambda: self.estimate(inp))
         self._count("decided", decision)
         if decision != "disaggregated":
             async for out in self._decode(request):
                 yield out
             return
         t0 = time.monotonic()
-        first = await self._first_token(request)
+        prompt = len(inp.prompt_token_ids)
+        self._prefilling += prompt
+        try:
+            first = await self._first_token(request)
+        finally:
+            self._prefilling -= prompt
         if first is None:  # the prefill failed: this replica computes it all
             async for out in self._decode(request):
                 yield out
             return
-        self._count("handed_off", time.monotonic() - t0)
+        prefill_s = time.monotonic() - t0
+        self._count("handed_off", prefill_s)
         c = first.outputs[0]
         if c.finish_reason != "length":  # it stopped before the cap: nothing to decode
             # The client has none of it yet: the deltas are the whole of it.
@@ -156,7 +216,17 @@ class Disaggregation:
         # should find cached once it pulled them.
         bs = self.policy.block_size
         handed = len(inp.prompt_token_ids) // bs * bs
+        t1, first_s = time.monotonic(), None
+        # Streamed, the decode replica's first output is its first token (not so the one
+        # output of a request that is not): the TTFT's phases are measured on those.
+        streamed = inp.params.output_kind is RequestOutputKind.DELTA
         async for out in self._decode(decode):
+            if first_s is None:
+                first_s = time.monotonic() - t1
+            if streamed and out.finished and out.metrics is not None:
+                phases = ttft_phases(first, prefill_s, out, first_s)
+                if phases is not None:
+                    self._count("ttft", phases)
             if out.finished and out.metrics is not None and out.num_cached_tokens < handed:
                 self._count("fallback", "pull_missed")
                 logger.info(

@@ -31,12 +31,13 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# Priors: Ray's object store on one node moves GB/s; a CPU prefill does thousands of tokens/s;
-# an actor call on the head node takes a millisecond or two.
-PRIOR_PULL_BYTES_PER_S = 2e9
-PRIOR_PULL_OVERHEAD_S = 0.002
-PRIOR_LOOKUP_S = 0.002
-PRIOR_PREFILL_TOKENS_PER_S = 2000.0
+from cluster.kv_priors import (
+    PRIOR_LOOKUP_S,
+    PRIOR_PREFILL_TOKENS_PER_S,
+    PRIOR_PULL_BYTES_PER_S,
+    PRIOR_PULL_OVERHEAD_S,
+)
+
 # Measurements each figure is the median of.
 WINDOW = 16
 # Measurements smaller than these are mostly noise (a tiny prefill is all scheduling).

@@ -293,6 +293,18 @@ class KvShare:
             "prefill_fixed_s": self.cost.prefill_fixed_s,
         }
 
+    def rates(self) -> dict[str, float]:
+        """This replica's measured figures, in its routing stats: what the ingresses weigh
+        when they choose whether to disaggregate a request (cluster/ingress/pd_cost.py)."""
+        c = self.cost
+        return {
+            "prefill_tokens_per_s": c.prefill_tokens_per_s,
+            "step_s": c.prefill_fixed_s,  # 0 until measured: the estimate's prior then
+            "pull_bytes_per_s": c.pull_bytes_per_s,
+            "pull_overhead_s": c.pull_overhead_s,
+            "kv_bytes_per_token": self.block_bytes // self.block_size,
+        }
+
     def observe_finished(self, out: RequestOutput) -> None:
         """A finished request's figures, for the cost model (module doc): the prefill rate
         of one that computed its prompt, the whole cost of a pull."""

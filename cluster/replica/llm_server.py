@@ -332,24 +332,25 @@ class LLMServer:
             "max_queued_requests": self._config.limits.max_queued_requests,
             "queued_tokens": self._queued_tokens.waiting(s),
             "max_queued_tokens": self._config.limits.max_queued_tokens,
-            # A dead engine fails requests fast, so it would look least loaded: the router
-            # drops replicas that say False here before Serve replaces them.
+            # A dead engine fails fast, so it looks least loaded: the router drops it.
             "engine_alive": bool(self._engine.healthy) and not self._supervisor.restarting,
             # The adapters in the engine's device slots (lora_int_ids): the router sends an
             # adapter's requests where it is loaded (cluster/routing/lora_policy.py).
             "lora_adapters": tuple(s.lora_adapters),
             "lora_slots_free": s.lora_slots_total - s.lora_slots_used,
             **({"kv": self._kv.publish()} if self._kv is not None else {}),
+            **({"kv_rates": self._kv_share.rates()} if self._kv_share is not None else {}),
         }
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's autoscaling-stats hook: the load LLMAutoscalingPolicy scales on
-        (cluster/controller/autoscaling.py). The same engine stats as the kvray_num_requests_waiting
-        and kvray_kv_cache_usage_ratio gauges: the dashboard shows what drives scaling."""
-        from cluster.controller.autoscaling import KV_USAGE_STAT, WAITING_STAT
+        (cluster/controller/autoscaling.py), the engine stats the dashboard's gauges show."""
+        from cluster.controller.autoscaling import scaling_stats
 
         s = self._engine.stats()
-        return {WAITING_STAT: float(s.num_requests_waiting), KV_USAGE_STAT: float(s.kv_cache_usage)}
+        return scaling_stats(
+            s.num_requests_waiting, s.kv_cache_usage, self._queued_tokens.waiting(s)
+        )
 
     def __del__(self) -> None:
         for name in ("_stats_task", "_supervise_task"):

@@ -15,6 +15,8 @@ asks the index how many leading blocks each live replica holds, and picks the lo
            cheaper than computing them; so a hot prefix spreads to a second replica by
            pulling once its holder's load outweighs the difference)
          + load_tokens x (requests in flight + engine waiting queue)
+         + the prompt tokens waiting there (a queue of long prompts is longer than one of
+           short ones: what sets a prefill replica's delay)
          + the whole prompt again when the replica's KV cache is nearly full
          + adapter_load_tokens when the request's adapter is not loaded there
          - home_tokens for the prompt's rendezvous "home" replica, if it holds as much as any
@@ -192,7 +194,7 @@ class KvEventsRouter(PrefixAffinityRouter):
         if float(stats.get("kv_cache_usage", 0.0)) >= opts.kv_cache_usage_limit:
             miss += prompt_tokens
         load = self._in_flight(replica) + int(stats.get("waiting", 0))
-        return miss + opts.load_tokens * load
+        return miss + opts.load_tokens * load + int(stats.get("queued_tokens", 0))
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any

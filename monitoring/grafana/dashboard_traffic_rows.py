@@ -194,9 +194,9 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
             Panel(
                 "Disaggregation decisions/s",
                 "With prefill replicas: requests per second sent to a prefill replica first "
-                "(disaggregated) or kept on a decode replica (why: short, resumed, unsupported, "
-                "no_room), and fallbacks, where the decode replica computed the prompt after all "
-                "(prefill_failed, pull_missed).",
+                "(disaggregated) or kept on a decode replica (why: cheaper_local, short, resumed, "
+                "unsupported, no_room), and fallbacks, where the decode replica computed the "
+                "prompt after all (prefill_failed, pull_missed).",
                 (
                     Target(rate("ray_kvray_pd_decisions_total", by="decision"), "{{decision}}"),
                     Target(rate("ray_kvray_pd_fallback_total", by="reason"), "fallback {{reason}}"),
@@ -208,6 +208,22 @@ TRAFFIC_ROWS: tuple[Row, ...] = (
                 "From sending a request to a prefill replica to its first tokens with the "
                 "prompt's KV published (prefill queue, prefill, publish), p50 / p99.",
                 quantiles("ray_kvray_pd_handoff_seconds", "", (0.5, 0.99)),
+                unit="s",
+                width=12,
+            ),
+            Panel(
+                "Disaggregated TTFT by phase",
+                "Mean seconds of a disaggregated request's time to its first decoded token, "
+                "by phase: the prefill replica's queue and prefill, the hand-off (hand-off "
+                "token, publishing the KV, the hops), the transfer (the decode replica's pull) "
+                "and the decode replica's queue and first step.",
+                (
+                    Target(
+                        f"{rate('ray_kvray_pd_ttft_seconds_sum', by='phase')} / "
+                        f"{rate('ray_kvray_pd_ttft_seconds_count', by='phase')}",
+                        "{{phase}}",
+                    ),
+                ),
                 unit="s",
                 width=12,
             ),

@@ -174,3 +174,15 @@ def deploy_with_engine_env(
     ingress = serve.deployment(OpenAIIngress, **ingress_options(config)).bind(config, llm, grpc)
     serve.run(ingress, name=name, route_prefix=prefix)
     return App(name, f"http://127.0.0.1:{ports.http}{prefix}", config.engine.model_name(), None)
+
+
+def store_bytes_within(bound: int) -> int:
+    """The object store's bytes in use, once at most `bound` (frees are asynchronous; a
+    hang guard of 30 s, then the assertion fails)."""
+    from cluster.ray_internals import object_store_stats
+
+    deadline = time.monotonic() + 30
+    while (used := object_store_stats()["bytes_used"]) > bound:
+        assert time.monotonic() < deadline, f"the object store holds {used} > {bound} bytes"
+        time.sleep(0.1)
+    return used

@@ -178,6 +178,11 @@ def test_worker_pods_follow_serve_replicas(case):
         assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] >= 0
     else:
         bounds = (values["serve"]["replicas"],) * 2
+    # Prefill replicas (a fixed count) have engine pods of their own.
+    pd = values["serve"]["disaggregation"]
+    lo = pd["prefillReplicas"]
+    hi = pd["prefillMaxReplicas"] if lo and pd["prefillMaxReplicas"] is not None else lo
+    bounds = (bounds[0] + lo, bounds[1] + hi)
     assert (group["minReplicas"], group["maxReplicas"]) == bounds
     assert group["replicas"] == bounds[0]
 

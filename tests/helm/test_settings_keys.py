@@ -16,6 +16,7 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "kvray"
 RENAMED = {
     "replicas": "num_replicas",
     "gracefulShutdownTimeoutSeconds": "graceful_shutdown_timeout_s",
+    "mode": "pd",  # serve.disaggregation.mode
 }
 # Chart values that are not settings of the application (where Serve listens, its name) or
 # whose default differs on purpose.
@@ -44,7 +45,9 @@ def test_every_args_key_the_template_writes_is_a_setting() -> None:
 def test_engine_and_serve_values_are_settings_with_their_defaults() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     declared = _declared()
-    chart = {**values["engine"], **values["serve"]}
+    serve = dict(values["serve"])
+    group = serve.pop("disaggregation")  # a group of settings
+    chart = {**values["engine"], **serve, **group}
     for name, value in chart.items():
         if name in NOT_SETTINGS:
             continue

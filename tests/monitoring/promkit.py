@@ -79,6 +79,7 @@ KVRAY_METRICS: dict[str, str] = {
     "kvray_pd_decisions_total": "counter",
     "kvray_pd_fallback_total": "counter",
     "kvray_pd_handoff_seconds": "histogram",
+    "kvray_pd_ttft_seconds": "histogram",
     "kvray_tenant_requests_total": "counter",
     "kvray_tenant_tokens_total": "counter",
     "kvray_tenant_rejected_total": "counter",
@@ -87,7 +88,12 @@ KVRAY_METRICS: dict[str, str] = {
 # Recorded by the ingresses (no model/replica labels); the rest by engine replicas.
 MIGRATION_METRICS = ("kvray_request_migrations_total", "kvray_migration_resume_seconds")
 # Disaggregation's, by the ingresses of an application with prefill replicas only.
-PD_METRICS = ("kvray_pd_decisions_total", "kvray_pd_fallback_total", "kvray_pd_handoff_seconds")
+PD_METRICS = (
+    "kvray_pd_decisions_total",
+    "kvray_pd_fallback_total",
+    "kvray_pd_handoff_seconds",
+    "kvray_pd_ttft_seconds",
+)
 INGRESS_METRICS = {
     n
     for n in KVRAY_METRICS

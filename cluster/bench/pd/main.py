@@ -104,10 +104,13 @@ def run(args: argparse.Namespace) -> int:
             )
             warm = replace(shape, phase_s=min(4.0, shape.phase_s), burst_every_s=1.0)
             asyncio.run(replay(ctx, warm, ids, "warm", bursts=True))  # untimed
+            before = _prefilled(config)
             quiet = asyncio.run(replay(ctx, shape, ids, "quiet", bursts=False))
             bursty = asyncio.run(replay(ctx, shape, ids, "bursty", bursts=True))
+            prefilled = _prefilled(config) - before
             serve.delete(APP)
             results[setup] = summarize(quiet, bursty, shape, args)
+            results[setup]["prefilled"] = prefilled
             outputs[setup] = {r.key: r.text for r in quiet + bursty if not r.error}
             print(f"{setup}: done", flush=True)
     finally:
@@ -115,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
         ray.shutdown()
     print()
     print(_table(results, setups, args))
+    sent = [
+        f"{s} {results[s]['prefilled']} of {results[s]['requests_both_phases']}"
+        for s in setups
+        if s != "colocated"
+    ]
+    if sent:
+        print("requests prefilled on a prefill replica: " + ", ".join(sent))
     mismatches = _mismatches(outputs)
     if mismatches:
         print(f"\nOUTPUT MISMATCH across set-ups: {len(mismatches)} requests, e.g.")
@@ -151,6 +161,28 @@ def _config(setup: str, args: argparse.Namespace, model: str) -> Any:
     )
 
 
+def _prefilled(config: Any) -> int:
+    """Requests the prefill replicas have run so far (each generates the hand-off's tokens;
+    one that stopped earlier counts less): how many `auto` sent there."""
+    if not config.pd.enabled:
+        return 0
+    from ray import serve
+
+    from cluster.deploy.app import PREFILL_SERVER_NAME
+    from cluster.ingress.pd import HANDOFF_TOKENS
+
+    handle = serve.get_deployment_handle(PREFILL_SERVER_NAME, APP)
+    # `kvray serve`'s Serve settings route handles on the caller's event loop, which this
+    # code has none of: this one routes on Serve's own thread.
+    if not handle.is_initialized:
+        handle._init(_run_router_in_separate_loop=True)
+    seen: dict[str, int] = {}
+    for i in range(4 * config.pd.prefill_replicas):  # a key each reaches every replica
+        s = handle.replica_stats.remote({"routing_key": f"bench-{i}"}).result()
+        seen[s["replica"]] = s["generation_tokens"]
+    return sum(seen.values()) // HANDOFF_TOKENS
+
+
 def _pct(xs: list[float], q: float) -> float:
     """Nearest-rank percentile; NaN of nothing."""
     if not xs:
@@ -183,6 +215,7 @@ def summarize(
             "p99": _pct([r.ttft for r in longs], 0.99) * 1e3,
         },
         "requests": len(ok),
+        "requests_both_phases": sum(1 for r in quiet + bursty if not r.error),
         "good": len(good),
         "goodput_per_s": len(good) / shape.phase_s,
         "throughput_per_s": len(ok) / shape.phase_s,

@@ -106,6 +106,17 @@ names the values involved.
 {{- if and $as.enabled (lt (int $as.maxReplicas) (int $as.minReplicas)) }}
 {{- fail (printf "serve.autoscaling.maxReplicas (%d) must be >= serve.autoscaling.minReplicas (%d)" (int $as.maxReplicas) (int $as.minReplicas)) }}
 {{- end }}
+{{- $e := .Values.engine }}
+{{- if and (gt (float64 $e.kvShareGib) 0.0) (not (gt (float64 $e.kvOffloadGib) 0.0)) }}
+{{- fail "engine.kvShareGib needs engine.kvOffloadGib > 0: pulled KV blocks land in the host tier first" }}
+{{- end }}
+{{- if and (gt (int .Values.serve.disaggregation.prefillReplicas) 0) (not (gt (float64 $e.kvShareGib) 0.0)) }}
+{{- fail "serve.disaggregation.prefillReplicas needs engine.kvShareGib > 0 (and engine.kvOffloadGib > 0): prefill replicas hand their KV over through the cluster tier" }}
+{{- end }}
+{{- $pd := .Values.serve.disaggregation }}
+{{- if and (not (kindIs "invalid" $pd.prefillMaxReplicas)) (lt (int $pd.prefillMaxReplicas) (int $pd.prefillReplicas)) }}
+{{- fail (printf "serve.disaggregation.prefillMaxReplicas (%d) must be >= serve.disaggregation.prefillReplicas (%d)" (int $pd.prefillMaxReplicas) (int $pd.prefillReplicas)) }}
+{{- end }}
 {{- $tp := int .Values.engine.tensorParallelSize }}
 {{- $cpu := toString (dig "limits" "cpu" "" .Values.worker.resources) }}
 {{- if regexMatch "^[0-9]+$" $cpu }}

@@ -37,6 +37,18 @@ the application's own defaults apply.
 {{- if not (kindIs "invalid" $e.maxNumBatchedTokens) }}{{ $_ := set $args "max_num_batched_tokens" (int64 $e.maxNumBatchedTokens) }}{{ end }}
 {{- if $e.enableExpertParallel }}{{ $_ := set $args "enable_expert_parallel" true }}{{ end }}
 {{- if $e.asyncScheduling }}{{ $_ := set $args "async_scheduling" true }}{{ end }}
+{{- /* The KV tiers and disaggregation (docs/serving.md, docs/disaggregation.md). */}}
+{{- if gt (float64 $e.kvOffloadGib) 0.0 }}{{ $_ := set $args "kv_offload_gib" (float64 $e.kvOffloadGib) }}{{ end }}
+{{- if gt (float64 $e.kvShareGib) 0.0 }}{{ $_ := set $args "kv_share_gib" (float64 $e.kvShareGib) }}{{ end }}
+{{- $pd := $s.disaggregation }}
+{{- if gt (int64 $pd.prefillReplicas) 0 }}
+{{- $_ := set $args "prefill_replicas" (int64 $pd.prefillReplicas) }}
+{{- $_ := set $args "pd" $pd.mode }}
+{{- if not (kindIs "invalid" $pd.prefillMaxReplicas) }}
+{{- $_ := set $args "prefill_max_replicas" (int64 $pd.prefillMaxReplicas) }}
+{{- $_ := set $args "target_prefill_queued_tokens" (float64 $pd.targetPrefillQueuedTokens) }}
+{{- end }}
+{{- end }}
 {{- /* LoRA adapters (docs/lora.md): their directories are read in the pods. */}}
 {{- $l := .Values.lora }}
 {{- if or $l.enabled $l.modules $l.runtimeLoading }}

@@ -12,10 +12,13 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext
 from cluster.config import ServeConfig
 from cluster.controller.autoscaling import (
     KV_USAGE_STAT,
+    QUEUED_TOKENS_STAT,
     WAITING_STAT,
     LLMAutoscalingPolicy,
     Load,
     ScalingTargets,
+    load_from_stats,
+    scaling_stats,
 )
 
 DEP = DeploymentID(name="LLMServer", app_name="kvray")
@@ -155,9 +158,27 @@ def test_replicas_for_rounds_and_takes_the_larger_signal() -> None:
     assert t.replicas_for(Load(waiting=1, kv_usage=2.4)) == 3  # 2.4 / 0.8 = 3 exactly
 
 
+def test_prefill_replicas_scale_on_their_waiting_prompt_tokens() -> None:
+    """A third signal, for prefill replicas: the prompt tokens waiting on them."""
+    t = ScalingTargets(**TARGETS, target_queued_tokens=4096.0)
+    assert t.replicas_for(Load(waiting=1, kv_usage=0.1, queued_tokens=10000)) == 3
+    # Off (the decode replicas): the tokens say nothing.
+    assert ScalingTargets(**TARGETS).replicas_for(Load(1, 0.1, queued_tokens=10**6)) == 1
+    load = load_from_stats(
+        {QUEUED_TOKENS_STAT: {"r0": 3000.0, "r1": 5000.0}, WAITING_STAT: {"r0": 1.0}}, 0
+    )
+    assert load == Load(waiting=1.0, kv_usage=0.0, queued_tokens=8000.0)
+    assert scaling_stats(2, 0.5, 300) == {
+        WAITING_STAT: 2.0,
+        KV_USAGE_STAT: 0.5,
+        QUEUED_TOKENS_STAT: 300.0,
+    }
+
+
 @pytest.mark.parametrize(
     "bad",
     [
+        {"target_queued_tokens": 0.0},
         {"target_waiting_requests": 0.0},
         {"target_kv_cache_usage": 1.5},
         {"downscale_delay_s": -1.0},

@@ -95,6 +95,34 @@ def test_prefill_replicas_are_a_deployment_of_their_own() -> None:
     assert none is None
 
 
+def test_prefill_replicas_can_autoscale_on_their_waiting_prompt_tokens() -> None:
+    from ray.serve._private.autoscaling_state import _resolve_policy_callable
+    from ray.serve.config import AutoscalingConfig
+
+    from cluster.controller.autoscaling import ScalingTargets
+
+    tier = {"kv_offload_gib": 0.1, "kv_share_gib": 0.1, "device": "cpu"}
+    config = ServeConfig.from_flat(
+        prefill_replicas=1, prefill_max_replicas=3, target_prefill_queued_tokens=4096, **tier
+    )
+    opts = prefill_server_options(config)
+    assert "num_replicas" not in opts  # the decode replicas' fixed count is theirs
+    serve_cfg = AutoscalingConfig(**opts["autoscaling_config"])
+    assert (serve_cfg.min_replicas, serve_cfg.max_replicas) == (1, 3)
+    policy = _resolve_policy_callable(serve_cfg.policy)
+    assert policy.targets == ScalingTargets(
+        target_waiting_requests=4.0,
+        target_kv_cache_usage=1.0,
+        upscale_delay_s=10.0,
+        downscale_delay_s=120.0,
+        target_queued_tokens=4096.0,
+    )
+    with pytest.raises(ValueError, match="prefill_max_replicas"):
+        ServeConfig.from_flat(prefill_replicas=2, prefill_max_replicas=1, **tier)
+    with pytest.raises(ValueError, match="target_prefill_queued_tokens"):
+        ServeConfig.from_flat(prefill_replicas=1, target_prefill_queued_tokens=0, **tier)
+
+
 def test_ingress_options() -> None:
     opts = ingress_options(ServeConfig.from_flat(ingress_replicas=2))
     assert opts["name"] == "OpenAIIngress" and opts["num_replicas"] == 2

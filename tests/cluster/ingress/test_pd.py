@@ -22,6 +22,8 @@ from cluster.config import ServeConfig
 from cluster.errors import EngineDeadError
 from cluster.ingress.migration import migrating
 from cluster.ingress.pd import HANDOFF_TOKENS, Disaggregation, PdPolicy
+from cluster.ingress.pd_cost import PdEstimate, ReplicaLoad
+from cluster.ingress.pd_metrics import PHASES
 from cluster.messages import GenerateRequest
 from workers import AsyncEngine, EngineArgs, SamplingParams
 from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
@@ -47,6 +49,7 @@ class Counts:
         self.decisions: list[str] = []
         self.fallbacks: list[str] = []
         self.handoffs = 0
+        self.ttfts: list[dict[str, float]] = []
 
     def decided(self, d: str) -> None:
         self.decisions.append(d)
@@ -57,15 +60,22 @@ class Counts:
     def handed_off(self, _s: float) -> None:
         self.handoffs += 1
 
+    def ttft(self, phases: dict[str, float]) -> None:
+        self.ttfts.append(phases)
+
 
 class Replicas:
     """The prefill and decode deployments' stand-ins; `prefill_fails`: "dies" (the prefill's
     attempt fails before it yields: its engine restarting) or "aborts" (the prefill replica
     ends the request aborted after a token: e.g. out of KV cache there)."""
 
-    def __init__(self, engines: dict[str, AsyncEngine], prefill_fails: str = "") -> None:
+    def __init__(
+        self, engines: dict[str, AsyncEngine], prefill_fails: str = "", decode_dies_after: int = 0
+    ) -> None:
+        # decode_dies_after: the first decode call dies after this many outputs (0: never).
         self.engines = engines
         self.prefill_fails = prefill_fails
+        self.decode_dies_after = decode_dies_after
         self.seen: list[tuple[str, GenerateRequest]] = []
 
     def attempt(self, name: str):  # noqa: ANN201
@@ -78,8 +88,16 @@ class Replicas:
                 yield RequestOutput("p", None, [], [aborted], finished=True)
                 return
             rid = f"{request.request_id}.{next(_IDS)}"  # never reused, as a server's
-            async for out in self.engines[name].generate_input(request.input, rid):
-                yield out
+            dies_after, n = (self.decode_dies_after if name == "decode" else 0), 0
+            async with contextlib.aclosing(
+                self.engines[name].generate_input(request.input, rid)
+            ) as outs:
+                async for out in outs:
+                    yield out
+                    n += 1
+                    if n == dies_after:
+                        self.decode_dies_after = 0  # the replica it moves to lives
+                        raise EngineDeadError("engine died", replica="d")
 
         return call
 
@@ -166,6 +184,13 @@ def test_a_disaggregated_request_equals_one_engine(
     assert decode.input.resume[0].output_token_ids == tuple(w.token_ids[:HANDOFF_TOKENS])
     assert counts.decisions == ["disaggregated"] and counts.handoffs == 1
     assert counts.fallbacks == ["pull_missed"]  # no KV tier here: the decode recomputed
+    # Its TTFT in phases, streamed (a request that is not has no first decoded token apart).
+    if streamed:
+        (phases,) = counts.ttfts
+        assert list(phases) == list(PHASES) and all(s >= 0 for s in phases.values())
+        assert phases["first_decode"] > 0 and phases["prefill"] > 0
+    else:
+        assert counts.ttfts == []
 
 
 def test_a_stop_string_held_back_at_the_hand_off_is_cut_as_on_one_engine(
@@ -241,6 +266,29 @@ def test_a_failed_prefill_falls_back_to_the_decode_replica(
     assert counts.fallbacks == ["prefill_failed"]
 
 
+def test_a_decode_replica_that_dies_after_the_hand_off_is_a_migration(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+
+    async def run() -> tuple:
+        request = _request(engines, params, [2000 + i for i in range(40)])
+        want = await _collect(Replicas(engines).attempt("decode")(request))
+        replicas = Replicas(engines, decode_dies_after=5)
+        pd, counts = _pd(engines, replicas)
+        got = await _collect(migrating(pd.attempt, request, 3))
+        return want, got, replicas.seen, counts
+
+    (want_text, want_tokens, _), (text, tokens, _), seen, counts = asyncio.run(run())
+    assert (text, tokens) == (want_text, want_tokens)  # the client saw one exact stream
+    assert [name for name, _ in seen] == ["prefill", "decode", "decode"]
+    moved = seen[2][1].input
+    # It continues from what the client has, on a decode replica (a resumed request is not
+    # disaggregated again).
+    assert moved.resume and len(moved.resume[0].output_token_ids) > HANDOFF_TOKENS
+    assert counts.decisions == ["disaggregated", "resumed"]
+
+
 @pytest.mark.parametrize(
     ("mode", "prompt_len", "params", "decision"),
     [
@@ -265,6 +313,38 @@ def test_the_policy_decides_per_request(
     assert policy.decide(inp, checker.max_model_len) == decision
     if decision == "disaggregated":  # no room past the hand-off: local
         assert policy.decide(inp, prompt_len + HANDOFF_TOKENS) == "no_room"
+
+
+def test_auto_follows_its_estimate_once_it_has_one(engines: dict[str, AsyncEngine]) -> None:
+    checker = engines["decode"].input_checker
+    long, short = (checker.check(PROMPT[:n], SamplingParams(max_tokens=10)) for n in (40, 8))
+    auto, always = (PdPolicy(m, step_tokens=32, block_size=16) for m in ("auto", "always"))
+    here, there = PdEstimate(local_s=0.1, pd_s=0.2), PdEstimate(local_s=0.2, pd_s=0.1)
+    assert auto.decide(long, 1024, lambda: here) == "cheaper_local"
+    assert auto.decide(short, 1024, lambda: there) == "disaggregated"
+    assert auto.decide(short, 1024, lambda: None) == "short"  # not known yet: the step rule
+
+    def never() -> PdEstimate:
+        raise AssertionError("always needs no estimate")
+
+    assert always.decide(short, 1024, never) == "disaggregated"
+
+
+def test_prompts_sent_to_prefill_replicas_count_in_their_queue(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    def loads(inp):  # noqa: ANN001, ANN202
+        return [ReplicaLoad(running=3)], [ReplicaLoad(), ReplicaLoad()]
+
+    pd, _ = _pd(engines, Replicas(engines), mode="auto")
+    pd._loads = loads
+    inp = engines["decode"].input_checker.check(PROMPT, SamplingParams(max_tokens=10))
+    idle = pd.estimate(inp)
+    pd._prefilling = 4000  # two long prompts in flight to the two prefill replicas
+    busy = pd.estimate(inp)
+    assert idle is not None and busy is not None
+    assert busy.pd_s - idle.pd_s == pytest.approx(2000 / ReplicaLoad().prefill_tokens_per_s)
+    assert busy.local_s == idle.local_s
 
 
 def test_the_policy_follows_the_config() -> None:

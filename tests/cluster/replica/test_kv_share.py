@@ -15,7 +15,7 @@ import pytest
 
 from cluster.replica.kv_cost import PullCost
 from cluster.replica.kv_directory import KvDirectory, delete_directory, directory_actor
-from tests.cluster.serve_helpers import RaySession
+from tests.cluster.serve_helpers import RaySession, store_bytes_within
 
 MAX_TOKENS = 8
 
@@ -154,7 +154,7 @@ def test_the_store_keeps_to_its_budget(replicas, app, demo_dir) -> None:  # noqa
     from workers.kv_layout import kv_block_bytes
 
     per_block = kv_block_bytes(EngineArgs(model=str(demo_dir)).create_config(), 1)
-    before = _store_bytes_within(1 << 40)
+    before = store_bytes_within(1 << 40)
     a, b = _use(replicas, app, capacity=4 * per_block)
     prompt = _prompt(3)
     first = ray.get(a.generate.remote(prompt, "s-a"))
@@ -165,24 +165,12 @@ def test_the_store_keeps_to_its_budget(replicas, app, demo_dir) -> None:  # noqa
     # block and a few hundred bytes of header).
     # Ray's own count: the evicted blocks' objects are freed (each object carries its block
     # and a few hundred bytes of header; frees and the put's argument go asynchronously).
-    _store_bytes_within(before + 4 * (per_block + 4096))
+    store_bytes_within(before + 4 * (per_block + 4096))
     second = ray.get(b.generate.remote(prompt, "s-b"))
     assert second["tokens"] == first["tokens"]
     assert second["pulled"] == 0 and second["outcome"] == "miss"
     delete_directory(app)  # the application gone: every object of its tier is freed
-    _store_bytes_within(before + 4096)
-
-
-def _store_bytes_within(bound: int) -> int:
-    """The object store's bytes in use, once at most `bound` (frees are asynchronous; a
-    hang guard of 30 s, then the assertion fails)."""
-    from cluster.ray_internals import object_store_stats
-
-    deadline = time.monotonic() + 30
-    while (used := object_store_stats()["bytes_used"]) > bound:
-        assert time.monotonic() < deadline, f"the object store holds {used} > {bound} bytes"
-        time.sleep(0.1)
-    return used
+    store_bytes_within(before + 4096)
 
 
 def test_a_peer_pulls_what_a_dead_replica_computed(replicas, app) -> None:  # noqa: ANN001
@@ -305,6 +293,11 @@ def test_a_pulls_cost_is_completed_by_its_first_token() -> None:
     assert share.cost.prefills_seen == 0  # 100 tokens after a pull say nothing of the rate
     share.observe_finished(_finished("computed", 1000, 0, 20.0, 20.5))  # 2000 tokens/s
     assert share.cost.prefills_seen == 1 and share.cost.prefill_tokens_per_s > 1000.0
+    # What the replica publishes for the ingresses' disaggregation estimate: these figures.
+    rates = share.rates()
+    assert rates["prefill_tokens_per_s"] == share.cost.prefill_tokens_per_s
+    assert rates["pull_bytes_per_s"] == share.cost.pull_bytes_per_s
+    assert rates["kv_bytes_per_token"] == 4 // 2  # a block's bytes over its tokens
 
 
 def test_the_tier_takes_at_most_half_the_smallest_object_store(app) -> None:  # noqa: ANN001

@@ -146,6 +146,10 @@ def test_router_prefers_the_replica_holding_the_prefix_unless_it_is_loaded() -> 
         reps[1].routing_stats = {**reps[1].routing_stats, "waiting": 10}
         ranks = await r.choose_replicas(reps, pending(generate_request(prompt)))  # type: ignore[arg-type]
         assert ranks[0][0].name == "r0"
+        # Or with prompt tokens enough waiting there (a prefill replica's queue).
+        reps[1].routing_stats = {**reps[1].routing_stats, "waiting": 0, "queued_tokens": 4096}
+        ranks = await r.choose_replicas(reps, pending(generate_request(prompt)))  # type: ignore[arg-type]
+        assert ranks[0][0].name == "r0"
         # r1 leaves the deployment: its entries go at once.
         r.update_replicas(reps[:1])  # type: ignore[arg-type]
         await r.choose_replicas(reps[:1], pending(generate_request(prompt)))  # type: ignore[arg-type]

@@ -294,8 +294,11 @@ def _replica_text(config: ServeConfig) -> str:
         if auto
         else str(config.replicas.num_replicas)
     )
-    if config.pd.prefill_replicas:  # docs/disaggregation.md
-        return f"{n} decode + {config.pd.prefill_replicas} prefill (--pd {config.pd.pd})"
+    pd = config.pd
+    if pd.prefill_replicas:  # docs/disaggregation.md
+        hi = pd.prefill_max_replicas
+        m = f"{pd.prefill_replicas}-{hi}" if hi is not None else str(pd.prefill_replicas)
+        return f"{n} decode + {m} prefill (--pd {pd.pd})"
     return n
 
 

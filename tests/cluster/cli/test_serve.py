@@ -88,6 +88,16 @@ def test_banner_has_urls_and_a_curl_example() -> None:
     assert "Authorization: Bearer $KVRAY_API_KEY" in text
 
 
+def test_banner_counts_decode_and_prefill_replicas() -> None:
+    tier = ("--kv-offload-gib", "1", "--kv-share-gib", "1", "--prefill-replicas", "1")
+    args = _parse("--decode-replicas", "2", *tier)
+    text = serve_cmd.banner(config_from_flags(args), args, auth=False)
+    assert "(2 decode + 1 prefill (--pd auto) replica(s))" in text
+    args = _parse("--max-replicas", "4", *tier, "--prefill-max-replicas", "3", "--pd", "always")
+    text = serve_cmd.banner(config_from_flags(args), args, auth=False)
+    assert "(1-4 decode + 1-3 prefill (--pd always) replica(s))" in text
+
+
 @pytest.mark.slow
 def test_serve_joins_a_cluster_serves_and_stops_on_sigterm(serve_ports: ServePorts) -> None:
     from ray import serve

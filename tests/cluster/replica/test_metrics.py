@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import ray
 
-from cluster.ingress.pd_metrics import PHASES
 from tests.cluster.serve_helpers import RaySession
 from tests.monitoring.promkit import (
     ENGINE_METRICS,
@@ -348,7 +347,7 @@ def feed_one_of_everything(host: Host) -> None:
     host.call("tenants", "queue_time", "acme", 0.01)  # a histogram exists once observed
     host.call("kv_share", "pulled", 32, 0.004)
     host.call("pd", "handed_off", 0.02)
-    host.call("pd", "ttft", dict.fromkeys(PHASES, 0.01))
+    host.call("pd", "ttft", {"prefill": 0.01})
 
 
 def all_families(s: Scrape) -> bool:

@@ -86,9 +86,12 @@ class AutoscalingSettings:
     def enabled(self) -> bool:
         return self.min_replicas is not None or self.max_replicas is not None
 
-    def serve_config(self, num_replicas: int) -> dict[str, Any] | None:
+    def serve_config(
+        self, num_replicas: int, extra_policy_kwargs: dict[str, float] | None = None
+    ) -> dict[str, Any] | None:
         """Ray Serve's autoscaling_config for LLMServer, or None for a fixed replica count
-        (`num_replicas`, which also widens an upper bound left unset)."""
+        (`num_replicas`, which also widens an upper bound left unset). `extra_policy_kwargs`:
+        more of the llm policy's targets (the prefill replicas' waiting prompt tokens)."""
         if not self.enabled:
             return None
         lo = self.min_replicas if self.min_replicas is not None else 1
@@ -109,6 +112,7 @@ class AutoscalingSettings:
                 "target_kv_cache_usage": float(self.target_kv_cache_usage),
                 "upscale_delay_s": float(self.upscale_delay_s),
                 "downscale_delay_s": float(self.downscale_delay_s),
+                **(extra_policy_kwargs or {}),
             }
             config |= {
                 "upscale_delay_s": 0.0,

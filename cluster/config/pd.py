@@ -72,31 +72,21 @@ class PdSettings:
 
     def serve_autoscaling(self, decode: AutoscalingSettings) -> dict[str, Any] | None:
         """Ray Serve's autoscaling_config of the prefill deployment (None: a fixed count):
-        the decode replicas' policy (`decode`'s delays and waiting-request target, KV usage
-        at most one replica's worth) with the waiting prompt tokens as a third signal."""
+        the llm policy with `decode`'s delays and waiting-request target, KV usage at most
+        one replica's worth, and the waiting prompt tokens as a third signal."""
         if self.prefill_max_replicas is None:
             return None
         from dataclasses import replace
 
-        from cluster.config.autoscaling import LLM_AUTOSCALING_POLICY
-
-        bounds = replace(
-            decode, min_replicas=self.prefill_replicas, max_replicas=self.prefill_max_replicas
+        prefill = replace(
+            decode,
+            min_replicas=self.prefill_replicas,
+            max_replicas=self.prefill_max_replicas,
+            autoscaling_policy="llm",
+            target_kv_cache_usage=1.0,
         )
-        config = bounds.serve_config(self.prefill_replicas)
-        assert config is not None  # both bounds set
-        kwargs = {
-            "target_waiting_requests": float(decode.target_waiting_requests),
-            "target_kv_cache_usage": 1.0,
-            "upscale_delay_s": float(decode.upscale_delay_s),
-            "downscale_delay_s": float(decode.downscale_delay_s),
-            "target_queued_tokens": float(self.target_prefill_queued_tokens),
-        }
-        return config | {
-            "upscale_delay_s": 0.0,
-            "downscale_delay_s": 0.0,
-            "policy": {"policy_function": LLM_AUTOSCALING_POLICY, "policy_kwargs": kwargs},
-        }
+        tokens = {"target_queued_tokens": float(self.target_prefill_queued_tokens)}
+        return prefill.serve_config(self.prefill_replicas, tokens)
 
     @property
     def enabled(self) -> bool:

@@ -8,7 +8,7 @@
 - `kvray_pd_handoff_seconds`: from sending a request to a prefill replica to its first
   token, published KV included (the prefill queue, the prefill, the publish);
 - `kvray_pd_ttft_seconds{phase}`: a disaggregated request's time to its first decoded token,
-  in phases (`TtftSplit`): prefill_queue and prefill (the prefill engine's own timings),
+  in phases (`ttft_phases`): prefill_queue and prefill (the prefill engine's own timings),
   handoff (the rest of the prefill call: the hand-off token, publishing the KV, both hops),
   transfer (the decode call until its engine has the request: the pull and the hop) and
   first_decode (the decode engine's queue and resume step).

@@ -138,20 +138,15 @@ class KvEventsRouter(PrefixAffinityRouter):
         ids = request.input.prompt_token_ids
         lora = request.input.lora
         salt = None if lora is None else lora.lora_int_id
-        hashes = prompt_block_hashes(ids, opts.block_size, opts.max_prompt_blocks, salt)
         now = time.monotonic()
         holders = set() if salt is None else self._adapters.holders(replicas, salt, now)
-        held = {
-            r.replica_id.unique_id: self.index.overlap(r.replica_id.unique_id, hashes, now)
-            for r in replicas
-        }
+        hashes, held, pullable = self.prompt_blocks(replicas, ids, salt, now)
         most = max(held.values())
         home = self._home(ids, replicas, salt)
         scored = []
         for r in random.sample(replicas, len(replicas)):  # ties: no favourite
             rid = r.replica_id.unique_id
-            pullable = most - held[rid] if opts.kv_share else 0
-            cost = self.cost(r, len(ids), held[rid], pullable)
+            cost = self.cost(r, len(ids), held[rid], pullable[rid])
             if salt is not None and rid not in holders:
                 cost += opts.adapter_load_tokens
             if r is home and held[rid] == most:
@@ -172,6 +167,22 @@ class KvEventsRouter(PrefixAffinityRouter):
         if salt is not None:
             self._adapters.chosen(pending_request, salt, holders)
         return [[ranked[0]], ranked[1:3]] if len(ranked) > 1 else [ranked]
+
+    def prompt_blocks(
+        self, replicas: Sequence[RunningReplica], ids: Sequence[int], salt: int | None, now: float
+    ) -> tuple[list[int], dict[str, int], dict[str, int]]:
+        """A prompt's block hashes, and per replica id the leading blocks it holds and the
+        blocks past those a peer holds, which it would pull (none without the cluster tier).
+        Disaggregation's estimate reads them too (cluster/routing/replica_loads.py)."""
+        opts = self._kv_opts
+        hashes = prompt_block_hashes(ids, opts.block_size, opts.max_prompt_blocks, salt)
+        held = {
+            r.replica_id.unique_id: self.index.overlap(r.replica_id.unique_id, hashes, now)
+            for r in replicas
+        }
+        most = max(held.values(), default=0)
+        pullable = {rid: most - n if opts.kv_share else 0 for rid, n in held.items()}
+        return hashes, held, pullable
 
     def _home(
         self, ids: Sequence[int], replicas: list[RunningReplica], salt: int | None

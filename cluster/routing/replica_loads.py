@@ -18,10 +18,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cluster.ingress.pd_cost import ReplicaLoad
-from cluster.kv_priors import PRIOR_STEP_S
 from cluster.ray_internals import built_request_router
+from cluster.routing.kv_router import KvEventsRouter
 from cluster.routing.router import live_replicas
-from workers.core.block_hash import prompt_block_hashes
 
 if TYPE_CHECKING:
     from workers.inputs import EngineInput
@@ -39,7 +38,6 @@ RATE_FIELDS = (
 def replica_loads(handle: Any, inp: EngineInput) -> list[ReplicaLoad] | None:
     """The live replicas behind `handle` (a DeploymentHandle) for `inp`'s prompt; None while
     the handle has no router yet, or the read raced the router (module doc)."""
-    prompt = list(inp.prompt_token_ids)
     salt = None if inp.lora is None else inp.lora.lora_int_id
     try:
         router = built_request_router(handle)
@@ -48,42 +46,33 @@ def replica_loads(handle: Any, inp: EngineInput) -> list[ReplicaLoad] | None:
         replicas = live_replicas(list(router.curr_replicas.values()))
         if not replicas:
             return None
-        held = _held_tokens(router, replicas, prompt, salt)
-        kv_share = bool(getattr(getattr(router, "_kv_opts", None), "kv_share", False))
-        most = max(held.values(), default=0)
-        return [
-            _load(router, r, held.get(r.replica_id.unique_id, 0), most if kv_share else 0)
-            for r in replicas
-        ]
+        held: dict[str, int] = {}
+        pullable: dict[str, int] = {}
+        if isinstance(router, KvEventsRouter):  # other routers keep no KV index
+            now = time.monotonic()
+            _, held, pullable = router.prompt_blocks(replicas, inp.prompt_token_ids, salt, now)
+        bs = router._opts.block_size
+        loads = []
+        for r in replicas:
+            rid = r.replica_id.unique_id
+            loads.append(_load(router, r, bs * held.get(rid, 0), bs * pullable.get(rid, 0)))
+        return loads
     except (RuntimeError, AttributeError, KeyError):
         return None
 
 
-def _held_tokens(router: Any, replicas: list[Any], prompt: list[int], salt: int | None) -> dict:
-    """Replica id -> prompt tokens its prefix cache holds (none without a KV index)."""
-    index, opts = getattr(router, "index", None), getattr(router, "_kv_opts", None)
-    if index is None or opts is None:
-        return {}
-    hashes = prompt_block_hashes(prompt, opts.block_size, opts.max_prompt_blocks, salt)
-    now = time.monotonic()
-    return {
-        r.replica_id.unique_id: index.overlap(r.replica_id.unique_id, hashes, now) * opts.block_size
-        for r in replicas
-    }
-
-
-def _load(router: Any, replica: Any, held: int, most: int) -> ReplicaLoad:
+def _load(router: Any, replica: Any, held: int, pullable: int) -> ReplicaLoad:
     stats = replica.routing_stats or {}
     running, waiting = int(stats.get("running", 0)), int(stats.get("waiting", 0))
     # Requests this router sent since the stats: Serve's count of the replica's in-flight
     # requests, less those the stats already show; they are waiting there now.
     in_flight = router.replica_queue_len_cache.get(replica.replica_id)
     unseen = max(0, in_flight - running - waiting) if in_flight is not None else 0
+    # A figure the replica has not measured yet (0) keeps ReplicaLoad's prior.
     rates = {k: v for k, v in (stats.get("kv_rates") or {}).items() if k in RATE_FIELDS and v}
-    rates.setdefault("step_s", PRIOR_STEP_S)
     return ReplicaLoad(
         cached_tokens=held,
-        pullable_tokens=max(0, most - held),
+        pullable_tokens=pullable,
         queued_tokens=int(stats.get("queued_tokens", 0)),
         running=running,
         waiting=waiting + unseen,

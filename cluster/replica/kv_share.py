@@ -138,22 +138,28 @@ class KvShare:
 
     def _publish_forever(self) -> None:
         while (blocks := self._queue.get()) is not None:
-            try:  # waits, so that at most one batch is on its way to the store
-                # Through a future: ray.get in an async actor's process warns, whichever thread.
-                # The call's reference is a temporary, gone with this statement: while one is
-                # held, Ray keeps its argument (the blocks' copy in the object store) for
-                # lineage.
-                put = self.store.put.remote
-                n = put(self.layout, list(blocks)).future().result(timeout=PUBLISH_TIMEOUT_S)
-            except Exception as err:  # noqa: BLE001 - the store actor gone, slow: peers recompute
-                logger.debug("%d KV blocks not published: %s", len(blocks), err)
-                n = 0
-            self.published += n
-            if self.metrics is not None and n:
-                self.metrics.published(n)
-            if n < len(blocks):
-                self._count_dropped(len(blocks) - n)
-            self._processed += 1
+            self._publish(blocks)
+            # At TP > 1 the blocks are views of the ranks' replies in Ray's object store: a
+            # reference kept here until the next batch came would pin those objects.
+            del blocks
+
+    def _publish(self, blocks: tuple[KvBlockData, ...]) -> None:
+        try:  # waits, so that at most one batch is on its way to the store
+            # Through a future: ray.get in an async actor's process warns, whichever thread.
+            # The call's reference is a temporary, gone with this statement: while one is
+            # held, Ray keeps its argument (the blocks' copy in the object store) for
+            # lineage.
+            put = self.store.put.remote
+            n = put(self.layout, list(blocks)).future().result(timeout=PUBLISH_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - the store actor gone, slow: peers recompute
+            logger.debug("%d KV blocks not published: %s", len(blocks), err)
+            n = 0
+        self.published += n
+        if self.metrics is not None and n:
+            self.metrics.published(n)
+        if n < len(blocks):
+            self._count_dropped(len(blocks) - n)
+        self._processed += 1
 
     def _count_dropped(self, n: int) -> None:
         self.dropped += n

@@ -186,3 +186,14 @@ def store_bytes_within(bound: int) -> int:
         assert time.monotonic() < deadline, f"the object store holds {used} > {bound} bytes"
         time.sleep(0.1)
     return used
+
+
+def tier_bytes(app_name: str) -> int:
+    """The bytes of the blocks the application's cluster KV tier lists (its directory)."""
+    import ray
+
+    from cluster.ray_internals import KVRAY_NAMESPACE
+    from cluster.replica.kv_directory import directory_name
+
+    directory = ray.get_actor(directory_name(app_name), namespace=KVRAY_NAMESPACE)
+    return int(ray.get(directory.stats.remote())["bytes"])

@@ -37,6 +37,7 @@ from tests.cluster.serve_helpers import (
     deploy,
     openai_client,
     store_bytes_within,
+    tier_bytes,
     wait_until_idle,
 )
 
@@ -260,7 +261,10 @@ def _assert_idle(app: PdApp) -> None:
 
 
 def _assert_tier_within_budget(app: PdApp) -> None:
-    """The published blocks stay in the tier for other requests, within its budget (the
-    decode replica's host tier may keep its pulled ones); the application gone, every object
-    is freed (the fixture's teardown checks)."""
-    store_bytes_within(app.store_before + app.share_bytes)
+    """Every object the application added to the store is a block its tier's directory still
+    lists (for other requests, within its budget; the decode replica's host tier keeps
+    copies, not objects): nothing published, pulled or exported stays pinned. The
+    application gone, every object is freed (the fixture's teardown checks)."""
+    listed = tier_bytes(app.name)
+    assert 0 < listed <= app.share_bytes, listed
+    store_bytes_within(app.store_before + listed + STORE_SLACK_BYTES)

@@ -38,6 +38,7 @@ from tests.cluster.serve_helpers import (
     openai_client,
     store_bytes_within,
     tier_bytes,
+    wait_for,
     wait_until_idle,
 )
 
@@ -104,9 +105,9 @@ def app(serve_ports: ServePorts, adapter: str) -> Iterator[PdApp]:
     store_bytes_within(before + STORE_SLACK_BYTES)
 
 
-def _load(seed: int) -> list[LoadRequest]:
+def _load(seed: int, min_tokens: int = 16, max_tokens: int = 48) -> list[LoadRequest]:
     return build_load(
-        seed, count=12, prompt_len=PROMPT_LEN, min_tokens=16, max_tokens=48,
+        seed, count=12, prompt_len=PROMPT_LEN, min_tokens=min_tokens, max_tokens=max_tokens,
         vias=("http_stream", "http"),
     )  # fmt: skip
 
@@ -225,6 +226,24 @@ def test_adapters_and_grammars_behave_as_on_one_engine(
     _assert_idle(app)
 
 
+def test_a_decode_engine_that_dies_after_the_hand_off_is_a_migration(
+    app: PdApp, serve_ports: ServePorts, demo_dir: Path
+) -> None:
+    """A TP rank of the decode replica dies while every stream is past its hand-off: its
+    engine fails, and each request moves on from the tokens it has, exactly."""
+    requests = _load(seed=46, min_tokens=96, max_tokens=160)
+    want = expected_texts(demo_dir, requests)
+    before = _decode_stats(app)
+    load = start_load(app, serve_ports.grpc, requests)
+    wait_for(lambda: load.streamed_progress() >= 4, "every stream to be under way", 120)
+    kill_pid(_rank_pids(_decode_stats(app))[-1])
+    assert failures(load.wait(), want) == []
+    _assert_idle(app)
+    # The engine that served them is gone (at TP > 1 Serve replaces the whole replica).
+    after = _decode_stats(app)
+    assert (after["pid"], after["engine_pid"]) != (before["pid"], before["engine_pid"])
+
+
 def test_a_dead_prefill_engine_falls_back_to_the_decode_replica(
     app: PdApp, serve_ports: ServePorts, demo_dir: Path
 ) -> None:
@@ -233,7 +252,7 @@ def test_a_dead_prefill_engine_falls_back_to_the_decode_replica(
     requests = _load(seed=45)
     want = expected_texts(demo_dir, requests)
     before = _decode_stats(app)["kv_share"]["pulled"]
-    kill_pid(_prefill_rank_pids(app)[-1])
+    kill_pid(_rank_pids(_prefill_stats(app))[-1])
     results = start_load(app, serve_ports.grpc, requests).wait()
     assert failures(results, want) == []
     # Nothing was handed off: the decode replica computed every prompt.
@@ -243,11 +262,11 @@ def test_a_dead_prefill_engine_falls_back_to_the_decode_replica(
     _assert_tier_within_budget(app)
 
 
-def _prefill_rank_pids(app: App) -> list[int]:
-    """The processes of the prefill replica's TP rank actors (the ones it created)."""
+def _rank_pids(replica: dict[str, Any]) -> list[int]:
+    """The processes of a replica's TP rank actors (the ones it created), from its stats."""
     from cluster.ray_internals import owned_actor_pids
 
-    ranks = owned_actor_pids(_prefill_stats(app)["pid"], "RankWorker")
+    ranks = owned_actor_pids(replica["pid"], "RankWorker")
     assert len(ranks) == 2, ranks  # TP 2: one actor per rank
     return ranks
 

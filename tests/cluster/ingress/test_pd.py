@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -218,6 +219,24 @@ def test_a_stop_string_held_back_at_the_hand_off_is_cut_as_on_one_engine(
     (want_text, _, want), (text, _, got) = asyncio.run(run())
     assert text == want_text and got.outputs[0].text == want.outputs[0].text
     assert got.outputs[0].finish_reason == want.outputs[0].finish_reason
+
+
+def test_priority_and_tenant_travel_to_both_replicas(engines: dict[str, AsyncEngine]) -> None:
+    """The prefill and the decode replica schedule the request as one replica would: with
+    its priority and tenant (the adapter too: tests/cluster/test_pd.py, live)."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def run() -> list[tuple[str, GenerateRequest]]:
+        inp = engines["decode"].input_checker.check(list(range(2000, 2040)), params, priority=-3)
+        request = GenerateRequest("req", dataclasses.replace(inp, tenant="team-a"))
+        replicas = Replicas(engines)
+        pd, _ = _pd(engines, replicas)
+        await _collect(migrating(pd.attempt, request, 3))
+        return replicas.seen
+
+    seen = asyncio.run(run())
+    assert [name for name, _ in seen] == ["prefill", "decode"]
+    assert [(r.input.priority, r.input.tenant) for _, r in seen] == [(-3, "team-a")] * 2
 
 
 @pytest.mark.parametrize("at", range(HANDOFF_TOKENS))

@@ -44,6 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests' moves to another replica when theirs dies (0: off; see --fault-at)",
     )
     g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="each replica's queue cap (default: the app's, or what the run queues at once)",
+    )
+    g.add_argument(
+        "--max-ongoing-requests",
+        type=int,
+        default=None,
+        help="requests Serve sends each replica at once (default as --max-queued-requests)",
+    )
+    g.add_argument(
         "--no-engine-process",
         action="store_true",
         help="the replica's engine core on a thread, not in a child process",
@@ -110,6 +122,10 @@ class LocalCluster:
                     _DEFAULTS.replicas.max_ongoing_requests, self._max_queued
                 ),
             }
+        # The caps the user gave win (--overload against a small app's caps).
+        for key in ("max_queued_requests", "max_ongoing_requests"):
+            if getattr(self._args, key, None) is not None:
+                caps[key] = getattr(self._args, key)
         config = ServeConfig.from_flat(
             model=self._args.model,
             num_replicas=self._args.num_replicas,

@@ -168,8 +168,13 @@ class CacheConfig:
     kv_events: bool = False  # record prefix-cache KV events for a KV-aware router
     kv_offload_gib: float = 0.0  # the host KV tier (workers/core/host_tier.py); 0: off
     kv_share: bool = False  # export full blocks for the cluster tier (workers/core/kv_share.py)
+    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         g = self.kv_offload_gib
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
             raise ValueError(f"kv_offload_gib must be a number >= 0, got {g!r}")
@@ -210,6 +215,10 @@ class StructuredConfig:
 
 # EngineArgs.attention_backend (workers/device/attention_backend.py).
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+# The KV cache's element type: "auto" is the model's dtype; "fp8" stores float8 e4m3 (one
+# byte) with a per-layer scale for K and one for V (the checkpoint's, else 1.0), written after
+# RoPE and read back by every attention path (workers/device/layers/kv_quant.py).
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -255,6 +264,7 @@ class EngineArgs:
     kv_offload_gib: float = 0.0
     kv_share: bool = False  # CacheConfig.kv_share
     quantization: str = "auto"  # "auto" | "none" | "fp8": workers/quantization.py
+    kv_cache_dtype: str = "auto"  # CacheConfig.kv_cache_dtype: "auto" | "fp8"
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -308,6 +318,7 @@ class EngineArgs:
                 kv_events=self.kv_events,
                 kv_offload_gib=self.kv_offload_gib,
                 kv_share=self.kv_share,
+                kv_cache_dtype=self.kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(
                 max_model_len=max_model_len,
@@ -397,3 +408,10 @@ class EngineConfig:
         import torch
 
         return getattr(torch, self.dtype.replace("torch.", ""))
+
+    @property
+    def kv_torch_dtype(self):  # noqa: ANN201
+        """The KV cache's element type (CacheConfig.kv_cache_dtype)."""
+        import torch
+
+        return torch.float8_e4m3fn if self.cache.kv_cache_dtype == "fp8" else self.torch_dtype

@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 # Bytes read from the end of each weight file for the checkpoint's fingerprint: fine-tunes
 # of one base share its config and file sizes, not their last weights.
 _TAIL_BYTES = 1 << 16
+_BITS = re.compile(r"\d+(?!.*\d)")  # "torch.bfloat16" -> 16: the last number in the name
 
 
 def kv_block_bytes(config: EngineConfig, tp_size: int) -> int:
     """One KV block's bytes on one rank (K and V, every layer)."""
-    m, bits = config.model, int(re.search(r"\d+", config.dtype.split(".")[-1]).group())
+    m = config.model
+    bits = 8 if config.cache.kv_cache_dtype == "fp8" else int(_BITS.search(config.dtype).group())
     kvh = m.kv_heads_per_rank(tp_size)
     return 2 * m.num_layers * config.cache.block_size * kvh * m.head_dim * bits // 8
 
@@ -48,7 +50,8 @@ def kv_layout_key(config: EngineConfig) -> str:
     when their keys are equal."""
     m, tp = config.model, config.parallel.tensor_parallel_size
     return (
-        f"{m.architecture}-{checkpoint_fingerprint(m.path)}|{config.dtype}|tp{tp}"
+        f"{m.architecture}-{checkpoint_fingerprint(m.path)}|{config.dtype}"
+        f"|kv-{config.cache.kv_cache_dtype}|tp{tp}"
         f"|bs{config.cache.block_size}|L{m.num_layers}|kvh{m.kv_heads_per_rank(tp)}"
         f"|hd{m.head_dim}"
     )

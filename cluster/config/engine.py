@@ -24,6 +24,7 @@ from workers.config import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_STEP_TIMEOUT_S,
+    KV_CACHE_DTYPES,
 )
 from workers.quantization import QUANTIZATION_CHOICES
 
@@ -106,6 +107,15 @@ class EngineSettings:
         "fp8: refuse a checkpoint that is not FP8; none: refuse a quantized checkpoint",
         MODEL_GROUP,
         choices=QUANTIZATION_CHOICES,
+        engine=True,
+    )
+    # workers/device/layers/kv_quant.py: float8 e4m3 KV with the checkpoint's K/V scales.
+    kv_cache_dtype: str = setting(
+        "auto",
+        "auto: the model's dtype; fp8: float8 e4m3 (a byte per value, the checkpoint's "
+        "k_scale/v_scale else 1.0): twice the tokens of a bfloat16 cache in the same memory",
+        MODEL_GROUP,
+        choices=KV_CACHE_DTYPES,
         engine=True,
     )
     # "auto" reaches the engine as None: it picks (cuda if visible).
@@ -199,6 +209,7 @@ class EngineSettings:
         need_choice(self, "device", DEVICES)
         need_choice(self, "attention_backend", ATTENTION_BACKENDS)
         need_choice(self, "quantization", QUANTIZATION_CHOICES)
+        need_choice(self, "kv_cache_dtype", KV_CACHE_DTYPES)
         need(
             not self.async_scheduling or self.tensor_parallel_size == 1,
             "async_scheduling",

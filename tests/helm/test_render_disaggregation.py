@@ -1,5 +1,5 @@
-"""The chart's KV-tier and disaggregation values (docs/disaggregation.md) in the Serve config
-it renders, and the rules across them that fail the render."""
+"""The chart's KV values (the tiers, the cache's dtype) and disaggregation values in the Serve
+config it renders, and the rules across them that fail the render."""
 
 from __future__ import annotations
 
@@ -68,3 +68,11 @@ def test_the_schema_names_a_bad_mode(render):
     with pytest.raises(helm_python.HelmError) as info:
         render({"serve": {"disaggregation": {"prefillReplicas": 1, "mode": "sometimes"}}})
     assert "/serve/disaggregation/mode" in str(info.value)
+
+
+def test_an_fp8_kv_cache_reaches_the_app_only_when_set(render) -> None:
+    from cluster.config import ServeConfig
+
+    assert "kv_cache_dtype" not in _args(render, None)
+    config = ServeConfig.from_args(_args(render, {"engine": {"kvCacheDtype": "fp8"}}))
+    assert config.engine.kv_cache_dtype == "fp8"

@@ -83,9 +83,10 @@ class KvOffload:
             staged = torch.stack(
                 [self.pool[h].to(self.device, non_blocking=self.pin) for h, _ in t.loads]
             )
+            raw = _raw(staged)
             for layer, (k, v) in enumerate(self.kv_caches):
-                k.index_copy_(0, ids, staged[:, layer, 0])
-                v.index_copy_(0, ids, staged[:, layer, 1])
+                _raw(k).index_copy_(0, ids, raw[:, layer, 0])
+                _raw(v).index_copy_(0, ids, raw[:, layer, 1])
         for h in t.drops:
             self.pool.pop(h, None)
 
@@ -119,3 +120,9 @@ class KvOffload:
 
     def _ids(self, block_ids: list[int]) -> torch.Tensor:
         return torch.tensor(block_ids, dtype=torch.long, device=self.device)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """An FP8 cache's bytes (torch's index_copy_ has no float8 kernel on CPU); others as they
+    are."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -300,6 +301,22 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, object]]:
                 yield name, fh.get_slice(name)
 
 
+# A checkpoint's FP8 KV-cache scales (per layer, one for K and one for V): read into the
+# layer's attention, used when the KV cache is FP8 (workers/device/layers/kv_quant.py).
+_KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale")
+
+
+def _load_kv_scale(
+    model: LlamaForCausalLM, layer: int, which: str, lazy: object, name: str
+) -> None:
+    t = lazy[...].float()  # a 0-dim tensor or one of shape [1]
+    if t.numel() != 1 or not bool(torch.isfinite(t).all()) or float(t) <= 0:
+        raise ValueError(f"{name}: a KV-cache scale must be one positive number, got {t.tolist()}")
+    if layer >= len(model.layers):
+        raise ValueError(f"unexpected tensor {name!r}: the model has {len(model.layers)} layers")
+    setattr(model.layers[layer].self_attn.attn, f"{which}_scale", float(t))
+
+
 def load_weights(
     model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup, progress: bool = False
 ) -> None:
@@ -317,6 +334,9 @@ def load_weights(
             if c.tie_word_embeddings and name == "lm_head.weight":
                 continue
             if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if (kv := _KV_SCALE.fullmatch(name)) is not None:
+                _load_kv_scale(model, int(kv.group(1)), kv.group(2), lazy, name)
                 continue
             raise ValueError(f"unexpected tensor {name!r} in checkpoint {c.path}")
         try:

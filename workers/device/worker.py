@@ -107,6 +107,11 @@ class Worker:
         log.info("CPU kernels: %s", self.forward.strategy.kernels)
         # The library the attention metadata hands the kernels (None: torch's paths).
         self.cpu_kernel = self.forward.strategy.kernels.lib
+        if self.cpu_kernel is not None and config.cache.kv_cache_dtype == "fp8":
+            # The C attention kernels read a float32 cache: an FP8 one goes through torch's
+            # attention (the kernels' GEMMs stay on).
+            self.cpu_kernel = None
+            log.info("KV cache fp8: attention through torch's ops, not the CPU kernels")
         # Query tokens per triton program (0: the torch path); the triton backend takes every
         # row's attention, so the CPU kernels' attention rows are off (their GEMMs stay on).
         # Its step inputs go through one persistent buffer (made with the KV cache).
@@ -157,8 +162,8 @@ class Worker:
         # poison the masked softmax (0 * NaN = NaN).
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device),
-                torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.config.kv_torch_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.config.kv_torch_dtype, device=self.device),
             )
             for _ in range(m.num_layers)
         ]

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workers.device.layers import kv_quant
 from workers.device.layers.cpu_kernels import (
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
@@ -73,6 +74,10 @@ class PagedAttention(nn.Module):
         # Head dims the CPU prefill kernel takes; with others every kernel row goes through
         # the decode kernel.
         self.blockwise = head_dim % 16 == 0 and head_dim <= 256
+        # An FP8 KV cache's scales (workers/device/layers/kv_quant.py): the checkpoint's
+        # `self_attn.k_scale` / `v_scale` when it has them (the loader sets these).
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self,
@@ -87,13 +92,15 @@ class PagedAttention(nn.Module):
             # One launch for the K/V store and one for every row's attention, in place.
             from workers.device.layers import triton_attention as ta
 
-            ta.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            return ta.paged_attention_step(q, k_cache, v_cache, meta.triton, self.scale)
+            scales = (self.k_scale, self.v_scale)
+            ta.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, scales)
+            return ta.paged_attention_step(q, k_cache, v_cache, meta.triton, self.scale, scales)
         nb, bs = k_cache.shape[:2]
         k_flat = k_cache.view(nb * bs, self.num_kv_heads, self.head_dim)
         v_flat = v_cache.view(nb * bs, self.num_kv_heads, self.head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, k)
-        v_flat.index_copy_(0, meta.slot_mapping, v)
+        kv_quant.store(k_flat, meta.slot_mapping, k, self.k_scale)
+        kv_quant.store(v_flat, meta.slot_mapping, v, self.v_scale)
+        fp8 = kv_quant.is_fp8(k_cache)
 
         out = torch.empty_like(q)
         d = meta.num_decodes
@@ -124,8 +131,10 @@ class PagedAttention(nn.Module):
                 )
         elif d:
             tables = meta.decode_block_tables
-            kd = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [D, KH, L, Dh]
-            vd = v_cache[tables].flatten(1, 2).transpose(1, 2)
+            kd = kv_quant.read(k_cache[tables], self.k_scale, q.dtype)
+            vd = kv_quant.read(v_cache[tables], self.v_scale, q.dtype)
+            kd = kd.flatten(1, 2).transpose(1, 2)  # [D, KH, L, Dh]
+            vd = vd.flatten(1, 2).transpose(1, 2)
             qd = q[:d].unsqueeze(2)  # [D, H, 1, Dh]
             o = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=self.gqa
@@ -135,10 +144,15 @@ class PagedAttention(nn.Module):
             sl = slice(p.q_start, p.q_start + p.q_len)
             qp = q[sl].transpose(0, 1)  # [H, q, Dh]
             if p.context_slots is None:
-                kp, vp = k[sl].transpose(0, 1), v[sl].transpose(0, 1)
+                kp, vp = k[sl], v[sl]
+                if fp8:  # as the cache holds them (kv_quant.py)
+                    kp = kv_quant.round_trip(kp, self.k_scale)
+                    vp = kv_quant.round_trip(vp, self.v_scale)
+                kp, vp = kp.transpose(0, 1), vp.transpose(0, 1)
             else:
-                kp = k_flat[p.context_slots].transpose(0, 1)  # [KH, ctx, Dh]
-                vp = v_flat[p.context_slots].transpose(0, 1)
+                kp = kv_quant.read(k_flat[p.context_slots], self.k_scale, q.dtype)
+                vp = kv_quant.read(v_flat[p.context_slots], self.v_scale, q.dtype)
+                kp, vp = kp.transpose(0, 1), vp.transpose(0, 1)  # [KH, ctx, Dh]
             # 4-D (a batch of one): given 3-D tensors SDPA takes its math path, which
             # materialises the scores (11x slower for a 2,048-token chunk on CPU).
             o = F.scaled_dot_product_attention(

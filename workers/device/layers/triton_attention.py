@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workers.device.layers import kv_quant
 from workers.device.layers.triton_metadata import TritonMetadata
 
 
@@ -61,11 +62,17 @@ def store_kv(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KH, D], each token's [KH, D] contiguous
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64
+    scales: tuple[float, float] = (1.0, 1.0),  # an FP8 cache's K and V scales
 ) -> None:
     """Writes the step's new K/V into their cache slots: one launch for both."""
     t = k.shape[0]
     if t == 0:
         return
+    if k_cache.dtype == torch.float8_e4m3fn:
+        # Rounded by torch (kv_quant.quantize), as the torch path stores them; the kernel
+        # copies bytes. One rounding everywhere, and a checked one: Triton's interpreter
+        # rounds a mantissa carry into the exponent wrongly (7.99 to 4.0, not 8.0).
+        k, v = kv_quant.quantize(k, scales[0]), kv_quant.quantize(v, scales[1])
     k, v = k.reshape(t, -1), v.reshape(t, -1)  # rows of KH * D; a copy only if not viewable
     if k.stride(1) != 1 or v.stride(1) != 1:
         k, v = k.contiguous(), v.contiguous()
@@ -98,6 +105,8 @@ def _paged_attention_kernel(
     prog_seq_ptr,
     prog_qoff_ptr,
     scale,
+    k_scale,  # an FP8 cache's scales (with FP8)
+    v_scale,
     window,  # sliding window in tokens (with SLIDING)
     stride_qt,
     stride_qh,
@@ -116,6 +125,7 @@ def _paged_attention_kernel(
     TILE: tl.constexpr,  # K/V tokens per iteration
     SLIDING: tl.constexpr,  # attend only to the last `window` positions
     IEEE: tl.constexpr,  # float32 inputs: exact float32 products (no TF32)
+    FP8: tl.constexpr,  # an FP8 cache: its elements times the scales, in q's dtype
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -160,6 +170,9 @@ def _paged_attention_kernel(
         kv_mask = pos_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         # Products in the cache's dtype, sums in float32. float32 models ask for IEEE
         # products: a GPU's default for float32 dots is TF32 (10-bit mantissas), which
         # would cost float32 its parity with transformers.
@@ -207,6 +220,7 @@ def paged_attention(
     window: int = 0,
     out: torch.Tensor | None = None,
     tile: int | None = None,
+    scales: tuple[float, float] = (1.0, 1.0),  # an FP8 cache's K and V scales
 ) -> torch.Tensor:
     """Attention of every query row of the step: one launch. `block_q` must be the one
     `program_table` was built with."""
@@ -233,6 +247,8 @@ def paged_attention(
         prog_seq,
         prog_qoff,
         scale,
+        float(scales[0]),
+        float(scales[1]),
         window,
         q.stride(0),
         q.stride(1),
@@ -251,6 +267,7 @@ def paged_attention(
         TILE=tile,
         SLIDING=window > 0,
         IEEE=q.dtype == torch.float32,
+        FP8=k_cache.dtype == torch.float8_e4m3fn,
     )
     return out
 
@@ -261,9 +278,10 @@ def paged_attention_step(
     v_cache: torch.Tensor,
     meta: TritonMetadata,
     scale: float,
+    scales: tuple[float, float] = (1.0, 1.0),
     window: int = 0,
 ) -> torch.Tensor:
-    """`paged_attention` with the step's metadata."""
+    """`paged_attention` with the step's metadata; `scales`: an FP8 cache's K and V scales."""
     return paged_attention(
         q,
         k_cache,
@@ -276,4 +294,5 @@ def paged_attention_step(
         meta.block_q,
         scale,
         window,
+        scales=scales,
     )

@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from tests.triton_interpret import interpreted_kernels
+from workers.device.layers import kv_quant
 from workers.device.layers.triton_metadata import block_q_for, program_table
 
 
@@ -66,6 +67,7 @@ def _run(
     tile: int | None = None,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    kv_scales: tuple[float, float] | None = None,  # an FP8 cache with these scales
 ) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
@@ -83,6 +85,12 @@ def _run(
     scale = head_dim**-0.5
     # Rounded to `dtype` for the kernel; the reference computes in float32 from those values.
     q, k_cache, v_cache = (t.to(dtype).float() for t in (q, k_cache, v_cache))
+    k_in, v_in, scales = k_cache.to(dtype), v_cache.to(dtype), (1.0, 1.0)
+    if kv_scales is not None:  # the kernel reads FP8; the reference the values they stand for
+        scales = kv_scales
+        k_in, v_in = kv_quant.quantize(k_cache, scales[0]), kv_quant.quantize(v_cache, scales[1])
+        k_cache = kv_quant.dequantize(k_in, scales[0], torch.float32)
+        v_cache = kv_quant.dequantize(v_in, scales[1], torch.float32)
 
     max_blocks = max(blocks_per_seq)
     bt = torch.zeros(len(tables), max_blocks, dtype=torch.int32)
@@ -94,8 +102,8 @@ def _run(
     seq, qoff = program_table(qlens, block_q)
     got = mod.paged_attention(
         q.to(dtype),
-        k_cache.to(dtype),
-        v_cache.to(dtype),
+        k_in,
+        v_in,
         bt,
         torch.tensor(seq_lens, dtype=torch.int32),
         cu,
@@ -105,6 +113,7 @@ def _run(
         scale,
         window=window,
         tile=tile,
+        scales=scales,
     )
     want = _reference(q, k_cache, v_cache, tables, query_lens, seq_lens, scale, window)
     return got, want
@@ -188,3 +197,28 @@ def test_program_table(kernels: ModuleType) -> None:
     seq, qoff = program_table(np.array([1, 9, 4]), 4)
     assert seq.tolist() == [0, 1, 1, 1, 2]
     assert qoff.tolist() == [0, 0, 4, 8, 0]
+
+
+def test_an_fp8_cache_is_read_times_its_scales(kernels: ModuleType) -> None:
+    """The FP8 cache's elements times the layer's K and V scales: the values the reference
+    attends over (workers/device/layers/kv_quant.py)."""
+    got, want = _run(kernels, [1, 1, 20, 9], [33, 17, 20, 40], kv_scales=(0.25, 2.0))
+    _check(got, want)
+
+
+def test_store_kv_into_an_fp8_cache_is_kv_quants_store(kernels: ModuleType) -> None:
+    """Scaled, clamped to e4m3's range (a value of 1000 is 448 there, not NaN) and rounded as
+    torch rounds (7.99 to 8.0): the bytes of the torch path's store."""
+    g = torch.Generator().manual_seed(2)
+    nb, bs, kh, d = 6, 8, 2, 16
+    slots = torch.tensor([5, 17, 40, 3, 47], dtype=torch.int64)
+    k = torch.randn(len(slots), kh, d, generator=g) * 3
+    v = torch.randn(len(slots), kh, d, generator=g)
+    k[0, 0, 0] = 1000.0
+    caches = [torch.zeros(nb, bs, kh, d, dtype=kv_quant.FP8) for _ in range(4)]
+    kernels.store_kv(k, v, caches[0], caches[1], slots, (0.5, 0.125))
+    kv_quant.store(caches[2].view(nb * bs, kh, d), slots, k, 0.5)
+    kv_quant.store(caches[3].view(nb * bs, kh, d), slots, v, 0.125)
+    assert torch.equal(caches[0].view(torch.uint8), caches[2].view(torch.uint8))
+    assert torch.equal(caches[1].view(torch.uint8), caches[3].view(torch.uint8))
+    assert caches[0].view(nb * bs, kh, d)[5, 0, 0].float() == 448.0

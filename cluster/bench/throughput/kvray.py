@@ -19,9 +19,10 @@ def run_kvray(
     tensor_parallel_size: int | None = None,
     compile: bool | None = None,
     async_scheduling: bool | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> BenchResult:
     """`compile`: None = the command's --compile/--no-compile (or the engine's default);
-    `async_scheduling`: None = the command's --async-scheduling."""
+    `async_scheduling`, `kv_cache_dtype`: None = the command's flag."""
     import torch
 
     from workers import LLM
@@ -32,6 +33,8 @@ def run_kvray(
         kwargs["compile"] = compile
     if async_scheduling is not None:
         kwargs["async_scheduling"] = async_scheduling
+    if kv_cache_dtype is not None:
+        kwargs["kv_cache_dtype"] = kv_cache_dtype
     t_load = time.perf_counter()
     llm = LLM(**kwargs)
     startup_s = time.perf_counter() - t_load
@@ -45,6 +48,9 @@ def run_kvray(
         after = llm.stats()
         t_after = llm.engine.executor.timing()
         on_amx = _on_amx(llm)
+        kv_blocks = llm.engine.block_manager.num_blocks
+        block_size = llm.engine.config.cache.block_size
+        kv_dtype = str(llm.engine.config.kv_torch_dtype).removeprefix("torch.")
     finally:
         llm.engine.shutdown()  # frees the KV cache (and TP workers) before the next backend
         del llm
@@ -65,6 +71,8 @@ def run_kvray(
         f"{r.workload.prompt_tokens} ({cached} from the prefix cache)"
     )
     notes.extend(_step_timing(extra, t_before, t_after, tp))
+    extra.update(kv_cache_dtype=kv_dtype, kv_cache_blocks=kv_blocks)
+    notes.append(f"KV cache: {kv_blocks} blocks ({kv_blocks * block_size} tokens) of {kv_dtype}")
     compiled = t_after.get("compile_s")
     extra.update(
         startup_s=startup_s,
@@ -121,6 +129,8 @@ def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict
         kwargs["attention_backend"] = args.attention_backend
     if getattr(args, "async_scheduling", False):
         kwargs["async_scheduling"] = True
+    if getattr(args, "kv_cache_dtype", "auto") != "auto":
+        kwargs["kv_cache_dtype"] = args.kv_cache_dtype
     return kwargs
 
 

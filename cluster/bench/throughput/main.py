@@ -39,7 +39,7 @@ from cluster.bench.throughput.hf import run_hf, run_hf_cb
 from cluster.bench.throughput.kvray import run_kvray
 from cluster.bench.throughput.run import Run
 from cluster.config.units import parse_size
-from workers.config import ATTENTION_BACKENDS, DEFAULT_MAX_NUM_SEQS
+from workers.config import ATTENTION_BACKENDS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES
 
 BACKENDS = ("kvray", "hf", "hf-cb")
 NO_PREFIX = "kvray-no-prefix-caching"
@@ -47,6 +47,7 @@ TP1 = "kvray-tp1"
 COMPILED = "kvray-compiled"
 EAGER = "kvray-eager"
 SYNC = "kvray-sync"  # with --async-scheduling: the synchronous engine beside it
+KV_AUTO = "kvray-kv-auto"  # with --kv-cache-dtype fp8: the model-dtype KV cache beside it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="kvray: schedule each step while the last one runs (tensor-parallel size 1); "
         "with --compare, kvray also runs synchronously, side by side",
+    )
+    a(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="kvray: the KV cache's element type (fp8: float8 e4m3); with --compare and fp8, "
+        "kvray also runs with the model's dtype, side by side (the KV blocks each holds in "
+        "--kv-cache-memory are reported)",
     )
     a("--result-json", default=None, metavar="FILE", help="write the results as JSON")
 
@@ -168,6 +177,8 @@ def _plan(args: argparse.Namespace) -> list[str]:
     plan = _compare_plan(args)
     if getattr(args, "async_scheduling", False):  # the overlap's win, side by side
         plan.insert(plan.index("hf"), SYNC)
+    if getattr(args, "kv_cache_dtype", "auto") == "fp8":  # the FP8 cache's room and cost
+        plan.insert(plan.index("hf"), KV_AUTO)
     return plan
 
 
@@ -204,7 +215,7 @@ def _workload(args: argparse.Namespace, token_ids: list[int]) -> Workload:
 def _comparisons(by_name: dict[str, BenchResult]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     kv = by_name.get("kvray")
-    for other in ("hf", "hf-cb", NO_PREFIX, TP1, COMPILED, EAGER, SYNC):
+    for other in ("hf", "hf-cb", NO_PREFIX, TP1, COMPILED, EAGER, SYNC, KV_AUTO):
         if kv is not None and other in by_name:
             out[f"kvray/{other}"] = ratios(kv, by_name[other])
     return out
@@ -252,6 +263,8 @@ def _run_backend(name: str, r: Run, skipped: dict[str, str]) -> BenchResult | No
             return run_kvray(r, prefix_caching=True, name=name, compile=name == COMPILED)
         if name == SYNC:
             return run_kvray(r, prefix_caching=True, name=name, async_scheduling=False)
+        if name == KV_AUTO:
+            return run_kvray(r, prefix_caching=True, name=name, kv_cache_dtype="auto")
         if name == "hf":
             return run_hf(r)
         return run_hf_cb(r)

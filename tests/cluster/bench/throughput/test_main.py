@@ -158,6 +158,21 @@ def test_the_attention_backend_and_async_scheduling_reach_the_engine_only_when_c
     assert llm_kwargs(args, "m", 1, True)["async_scheduling"] is True
 
 
+def test_an_fp8_kv_cache_runs_beside_the_model_dtype_one(tmp_path: Path) -> None:
+    """With --compare, the FP8 cache's run and the model-dtype one side by side: the same
+    tokens (ignore_eos), and four times the blocks in the same memory (float32 on CPU)."""
+    result = _bench(
+        tmp_path, "--compare", "--kv-cache-dtype", "fp8", "--kv-cache-memory", "8MiB", *TINY
+    )
+    by_name = {r["backend"]: r for r in result["results"]}
+    assert list(by_name) == ["kvray", "kvray-no-prefix-caching", "kvray-kv-auto", "hf", "hf-cb"]
+    fp8, auto = by_name["kvray"], by_name["kvray-kv-auto"]
+    assert (fp8["kv_cache_dtype"], auto["kv_cache_dtype"]) == ("float8_e4m3fn", "float32")
+    assert fp8["kv_cache_blocks"] == 4 * auto["kv_cache_blocks"]
+    assert fp8["output_tokens"] == auto["output_tokens"] == result["workload"]["output_tokens"]
+    assert "kvray/kvray-kv-auto" in result["ratios"]
+
+
 def test_a_failing_kvray_backend_is_reported_and_the_peers_still_run(tmp_path: Path) -> None:
     # max_num_seqs 0 is refused by the engine (and by hf-cb): the run goes on with hf, says
     # which backends failed and why, and exits 1.

@@ -101,11 +101,13 @@ class LLMEngine:
         # Bounded: nobody may be reading them (offline use).
         self.step_token_counts: deque[int] = deque(maxlen=4096)
         log.info(
-            "engine ready: %s, %d KV blocks of %d tokens (%d tokens), max_model_len %d, device %s",
+            "engine ready: %s, %d KV blocks of %d tokens (%d tokens, %s), max_model_len %d, "
+            "device %s",
             config.served_model_name,
             self.block_manager.num_blocks,
             config.cache.block_size,
             self.block_manager.num_blocks * config.cache.block_size,
+            str(config.kv_torch_dtype).removeprefix("torch."),
             config.scheduler.max_model_len,
             config.device_type,
         )

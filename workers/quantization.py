@@ -4,14 +4,15 @@ the engine's `quantization` setting (--quantization) applied to it.
 Supported now: FP8 with 128x128 block scales, the layout of Qwen3-*-FP8 and DeepSeek-V3
 (transformers' FineGrainedFP8): every attention and MLP projection (MoE experts included)
 stored as float8_e4m3fn with a float32 `<name>.weight_scale_inv` of one scale per 128x128
-block, activations unquantized ("dynamic"). The weights stay FP8 in memory and are
-dequantized blockwise in each forward (workers/device/layers/fp8_linear.py).
+block, activations unquantized ("dynamic"); and compressed-tensors' float-quantized FP8
+(workers/compressed_tensors.py: scales per channel, per tensor or per block). The weights stay
+FP8 in memory and are dequantized in each forward (workers/device/layers/fp8_linear.py).
 
 `quantization`: "auto" serves what config.json says; "fp8" asks for FP8 and refuses any other
 checkpoint; "none" refuses a quantized checkpoint (nothing is dequantized to full precision
-behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes, compressed-tensors, an
-unknown method, another block size, static activation scales) is refused with the field and
-its value named.
+behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes, compressed-tensors' int4
+and other formats, an unknown method, another block size, static activation scales) is
+refused with the field and its value named.
 """
 
 from __future__ import annotations
@@ -30,24 +31,49 @@ _UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM",)
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    method: str  # "fp8": block-scaled float8_e4m3fn weights
+    # "fp8": transformers' FineGrainedFP8 layout; "compressed-tensors": its float-quantized
+    # FP8 format (workers/compressed_tensors.py). Either way float8_e4m3fn weights, `w = fp8 *
+    # scale`, dequantized in each forward (workers/device/layers/fp8_linear.py).
+    method: str
     weight_block_size: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
     activation_scheme: str = "dynamic"  # activations stay in the compute dtype
     # Modules the checkpoint keeps in full precision (informational: kvray reads the LM
     # head, embeddings, norms and MoE routers in full precision anyway, and refuses at load
     # a projection stored unquantized).
     modules_to_not_convert: tuple[str, ...] = ()
+    # What one weight scale covers: "block" (weight_block_size), "channel" (an output row),
+    # "tensor" (a whole projection, each part of a fused one its own).
+    strategy: str = "block"
+    scale_name: str = "weight_scale_inv"  # the checkpoint's name of a weight's scales
+
+    @property
+    def row_block(self) -> int | None:
+        """Weight rows per scale (None: every row of the projection)."""
+        return {"block": self.weight_block_size[0], "channel": 1}.get(self.strategy)
+
+    @property
+    def col_block(self) -> int | None:
+        """Weight columns per scale (None: every column)."""
+        return self.weight_block_size[1] if self.strategy == "block" else None
 
     def describe(self) -> str:
         """For the start-up log: "fp8 (128x128 block-scaled weights, dynamic activations)"."""
-        rows, cols = self.weight_block_size
         acts = self.activation_scheme
-        return f"{self.method} ({rows}x{cols} block-scaled weights, {acts} activations)"
+        if self.strategy == "block":
+            rows, cols = self.weight_block_size
+            scales = f"{rows}x{cols} block-scaled weights"
+        else:
+            scales = f"per-{self.strategy} scaled FP8 weights"
+        if acts == "dynamic-token":
+            acts = "per-token dynamic activation scales (computed unquantized)"
+        else:
+            acts = f"{acts} activations"
+        return f"{self.method} ({scales}, {acts})"
 
     def check_tensor_parallel(self, model: ModelConfig, tp_size: int) -> None:
         """Raises ValueError when a tensor-parallel shard would cut a scale block: a rank's
         slice of a split dimension must be a whole number of blocks."""
-        if tp_size == 1:
+        if tp_size == 1 or self.strategy != "block":
             return
         block = self.weight_block_size[0]
         q = model.num_heads * model.head_dim
@@ -97,10 +123,15 @@ class QuantizationConfig:
                 f"the checkpoint is quantized (quantization_config.quant_method {method!r}) "
                 "and quantization is 'none'; use 'auto' to serve it"
             )
+        if method == "compressed-tensors":
+            from workers.compressed_tensors import compressed_tensors_config
+
+            return compressed_tensors_config(arch, raw)
         if method != "fp8":
             raise ValueError(
                 f"unsupported quantization_config.quant_method {method!r}: kvray supports "
-                "'fp8' (128x128 block-scaled) checkpoints"
+                "'fp8' (128x128 block-scaled) and 'compressed-tensors' (float-quantized FP8) "
+                "checkpoints"
             )
         _need(raw, "weight_block_size", [FP8_BLOCK, FP8_BLOCK], "only [128, 128] block scales")
         _need(raw, "activation_scheme", "dynamic", "only dynamic activations", absent="dynamic")

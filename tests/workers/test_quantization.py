@@ -50,10 +50,8 @@ def test_transformers_defaults_for_absent_keys() -> None:
         ({"quant_method": "gptq", "bits": 4}, "quantization_config.quant_method 'gptq'"),
         ({"quant_method": "awq"}, "quantization_config.quant_method 'awq'"),
         ({"quant_method": "bitsandbytes"}, "quantization_config.quant_method 'bitsandbytes'"),
-        (
-            {"quant_method": "compressed-tensors"},
-            "quantization_config.quant_method 'compressed-tensors'",
-        ),
+        # Its formats: tests/workers/test_compressed_tensors.py.
+        ({"quant_method": "compressed-tensors"}, "quantization_config.format None"),
         ({"quant_method": "mystery"}, "quantization_config.quant_method 'mystery'"),
         ({"quant_method": None}, "quantization_config.quant_method None"),
         ({"weight_block_size": [64, 64]}, "quantization_config.weight_block_size [64, 64]"),

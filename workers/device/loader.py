@@ -74,16 +74,20 @@ class _Target:
         row_offset: int | None = None,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         full_shape: tuple[int, ...] | None = None,
+        full_shape_what: str = "128x128 block",
     ):
         self.param, self.slicer, self.row_offset = param, slicer, row_offset
         self.transform, self.full_shape = transform, full_shape
+        self.full_shape_what = full_shape_what
 
     def load(self, lazy) -> None:  # noqa: ANN001
         shape = tuple(lazy.get_shape())
+        if len(shape) < 2 and shape in ((), (1,)):  # a per-tensor scale stored as one number
+            shape = (1, 1)
         if self.full_shape is not None and shape != self.full_shape:
             raise ValueError(
-                f"FP8 scale grid of shape {shape}, expected {self.full_shape} "
-                f"(one scale per 128x128 block of the weight)"
+                f"FP8 scale grid of shape {tuple(lazy.get_shape())}, expected "
+                f"{self.full_shape} (one scale per {self.full_shape_what} of the weight)"
             )
         t = self.slicer(lazy)
         if self.transform is not None:
@@ -133,40 +137,72 @@ class _Split:
         return (_rows if self.axis == "rows" else _cols)(start, size)
 
 
+@dataclass(frozen=True)
+class _Scales:
+    """An FP8 projection's scales: weight rows and columns per scale (None: all of them;
+    fp8_linear.py) and the checkpoint's name for them."""
+
+    rows: int | None = FP8_BLOCK
+    cols: int | None = FP8_BLOCK
+    name: str = "weight_scale_inv"
+
+    def what(self) -> str:
+        if self.rows is None and self.cols is None:
+            return "tensor"
+        if self.rows == 1 and self.cols is None:
+            return "output channel"
+        return f"{self.rows}x{self.cols} block"
+
+
+def _as_grid(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dim() == 2 else t.reshape(1, 1)  # a per-tensor scale stored as one number
+
+
 def _linear(
     name: str,
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     split: _Split,
     offsets: tuple[int, int] | None = None,
+    scales: _Scales = _Scales(),
 ) -> dict[str, _Target]:
     """Projection `name`'s targets: `weight` (a parameter, or one expert's slot) takes the
     rank's `split`, at row `offsets[0]` of a fused weight (None: the whole parameter). An FP8
-    layer's (`scale` not None) scale grid takes the blocks of that split, at grid row
-    `offsets[1]`."""
+    layer's (`scale` not None) scale grid takes the scales of that split (all of them where
+    one scale spans the split axis), at grid row `offsets[1]`."""
     row, grid_row = offsets if offsets is not None else (None, None)
     out = {f"{name}.weight": _Target(weight, split.slicer(split.start, split.size), row)}
     if scale is None:
         return out
     start, end = split.start, split.start + split.size
-    if start % FP8_BLOCK or (split.size % FP8_BLOCK and end != split.full):
-        raise ValueError(
-            f"{name}: tensor_parallel_size ({split.ranks}) gives a rank {split.axis} "
-            f"[{start}, {end}) of {split.full}, which cuts its FP8 {FP8_BLOCK}x{FP8_BLOCK} "
-            f"scale blocks"
-        )
-    first = start // FP8_BLOCK
-    if split.axis == "rows":
-        grid = (blocks(split.full), blocks(weight.shape[-1]))
+    along = scales.rows if split.axis == "rows" else scales.cols
+    if along is None:  # one scale spans the split axis: every rank reads all of it
+        grid_slicer: Slicer = _full
     else:
-        grid = (blocks(weight.shape[-2]), blocks(split.full))
-    grid_slicer = split.slicer(first, blocks(end) - first)
-    out[f"{name}.weight_scale_inv"] = _Target(scale, grid_slicer, grid_row, full_shape=grid)
+        if start % along or (split.size % along and end != split.full):
+            raise ValueError(
+                f"{name}: tensor_parallel_size ({split.ranks}) gives a rank {split.axis} "
+                f"[{start}, {end}) of {split.full}, which cuts its FP8 {scales.what()} "
+                f"scales"
+            )
+        first = start // along
+        grid_slicer = split.slicer(first, blocks(end, along) - first)
+    rows, cols = (
+        (split.full, weight.shape[-1]) if split.axis == "rows" else (weight.shape[-2], split.full)
+    )
+    grid = (blocks(rows, scales.rows), blocks(cols, scales.cols))
+    out[f"{name}.{scales.name}"] = _Target(
+        scale, grid_slicer, grid_row, _as_grid, full_shape=grid, full_shape_what=scales.what()
+    )
     return out
 
 
 def _proj(
-    name: str, module: torch.nn.Module, split: _Split, part: int | None = None
+    name: str,
+    module: torch.nn.Module,
+    split: _Split,
+    part: int | None = None,
+    scale_name: str = "weight_scale_inv",
 ) -> dict[str, _Target]:
     """`_linear` of a projection module (full precision or FP8: fp8_linear.py), its fused
     part `part` (None: not fused)."""
@@ -175,7 +211,10 @@ def _proj(
     if part is not None:
         grid_row = module.scale_offset(part) if scale is not None else 0
         offsets = (module.part_offset(part), grid_row)
-    return _linear(name, module.weight, scale, split, offsets)
+    if scale is None:
+        return _linear(name, module.weight, None, split, offsets)
+    scales = _Scales(module.row_block, module.col_block, scale_name)
+    return _linear(name, module.weight, scale, split, offsets, scales)
 
 
 def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, _Target]:
@@ -192,6 +231,8 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
     vocab_start = tp.rank * vocab_per
     vocab_rows = max(0, min(vocab_per, c.vocab_size - vocab_start))
 
+    # The checkpoint's name for a projection's FP8 scales (workers/quantization.py).
+    sn = c.quantization.scale_name if c.quantization is not None else "weight_scale_inv"
     out: dict[str, _Target] = {
         "model.embed_tokens.weight": _Target(
             model.embed_tokens.weight, _rows(vocab_start, vocab_rows), row_offset=0
@@ -218,9 +259,9 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
         q_split = _Split("rows", tp.rank * q_per, q_per, c.num_heads * hd, tp.size)
         kv_split = _Split("rows", kv_start, kv_per, c.num_kv_heads * hd, tp.size)
         for j, (part, split) in enumerate((("q", q_split), ("k", kv_split), ("v", kv_split))):
-            out.update(_proj(p + f"self_attn.{part}_proj", qkv, split, j))
+            out.update(_proj(p + f"self_attn.{part}_proj", qkv, split, j, sn))
         o_split = replace(q_split, axis="cols")
-        out.update(_proj(p + "self_attn.o_proj", a.o_proj, o_split))
+        out.update(_proj(p + "self_attn.o_proj", a.o_proj, o_split, scale_name=sn))
         if a.q_norm is not None:
             out[p + "self_attn.q_norm.weight"] = _norm(a.q_norm)
             out[p + "self_attn.k_norm.weight"] = _norm(a.k_norm)
@@ -229,8 +270,9 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
             continue
         mlp_split = _Split("rows", tp.rank * inter, inter, c.intermediate_size, tp.size)
         for j, part in enumerate(("gate_proj", "up_proj")):
-            out.update(_proj(p + f"mlp.{part}", m.gate_up_proj, mlp_split, j))
-        out.update(_proj(p + "mlp.down_proj", m.down_proj, replace(mlp_split, axis="cols")))
+            out.update(_proj(p + f"mlp.{part}", m.gate_up_proj, mlp_split, j, sn))
+        down_split = replace(mlp_split, axis="cols")
+        out.update(_proj(p + "mlp.down_proj", m.down_proj, down_split, scale_name=sn))
     return out
 
 

@@ -1,5 +1,6 @@
-"""Loading FP8 block-scaled checkpoints (workers/device/loader.py): each tensor-parallel rank
-holds exactly its slice of every FP8 weight and of its scale grid (checked against the whole
+"""Loading FP8 checkpoints (workers/device/loader.py; block-scaled, and compressed-tensors' per
+channel, per tensor and per block): each tensor-parallel rank holds exactly its slice of every
+FP8 weight and of its scales, all of them where one spans the split (checked against the whole
 model, Ray-free: a rank's model is built and loaded without its peers), and bad files fail at
 load with the tensor named."""
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.compressed_tensors_checkpoints import STRATEGIES, make_ct_checkpoint
 from tests.fp8_checkpoints import make_fp8_checkpoint
 from workers import LLM
 from workers.config import ModelConfig
@@ -23,7 +25,9 @@ from workers.device.models import build_model
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fp8-loader")
-    return {k: make_fp8_checkpoint(k, root / k) for k in ("qwen3", "qwen3_moe")}
+    made = {k: make_fp8_checkpoint(k, root / k) for k in ("qwen3", "qwen3_moe")}
+    made.update({f"ct-{s}": make_ct_checkpoint(s, root / f"ct-{s}") for s in STRATEGIES})
+    return made
 
 
 def _loaded(path: Path, tp: TPGroup) -> torch.nn.Module:
@@ -41,7 +45,7 @@ def _experts(moe: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return moe.expert_weights(slice(None), torch.float32)
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", *(f"ct-{s}" for s in STRATEGIES)])
 def test_each_rank_holds_its_slice_of_weights_and_scales(
     kind: str, checkpoints: dict[str, Path]
 ) -> None:
@@ -93,6 +97,14 @@ def _wrong_shape(t: dict) -> None:
     t[P + ".weight_scale_inv"] = torch.ones(2, 3)
 
 
+def _wrong_channel_scales(t: dict) -> None:
+    t[P + ".weight_scale"] = torch.ones(256, 2)
+
+
+def _missing_ct_scale(t: dict) -> None:
+    del t[P + ".weight_scale"]
+
+
 def _missing(t: dict) -> None:
     del t[P + ".weight_scale_inv"]
 
@@ -127,8 +139,23 @@ def _fp8_router(t: dict) -> None:
             "embed_tokens.weight: stored as torch.float8_e4m3fn, but kvray holds",
         ),
         ("qwen3_moe", _fp8_router, r"mlp.gate.weight: stored as torch.float8_e4m3fn"),
+        (
+            "ct-channel",
+            _wrong_channel_scales,
+            P + r".weight_scale: FP8 scale grid of shape \(256, 2\), expected \(256, 1\) "
+            r"\(one scale per output channel",
+        ),
+        ("ct-channel", _missing_ct_scale, "missing tensors: " + P + ".weight_scale"),
     ],
-    ids=["scale-shape", "scale-missing", "unquantized-projection", "fp8-embedding", "fp8-router"],
+    ids=[
+        "scale-shape",
+        "scale-missing",
+        "unquantized-projection",
+        "fp8-embedding",
+        "fp8-router",
+        "ct-scale-shape",
+        "ct-scale-missing",
+    ],
 )
 def test_bad_files_fail_at_load_naming_the_tensor(
     kind: str,

@@ -28,18 +28,20 @@ from workers.quantization import FP8_BLOCK, QuantizationConfig
 FP8_DTYPE = torch.float8_e4m3fn
 
 
-def blocks(n: int) -> int:
-    """Scale blocks covering `n` rows (or columns)."""
-    return -(-n // FP8_BLOCK)
+def blocks(n: int, block: int | None = FP8_BLOCK) -> int:
+    """Scales covering `n` rows (or columns), `block` per scale (None: all of them)."""
+    return 1 if block is None else -(-n // block)
 
 
-def scale_rows(sizes: list[int]) -> torch.Tensor:
+def scale_rows(sizes: list[int], row_block: int | None = FP8_BLOCK) -> torch.Tensor:
     """For each row of the fused parts of `sizes` rows, the row of the stacked scale grids
-    that scales it (each part's grid starts where the previous part's ends)."""
+    that scales it (each part's grid starts where the previous part's ends); `row_block`:
+    weight rows per scale (1: per channel; None: one scale per part, per tensor)."""
     rows, first = [], 0
     for size in sizes:
-        rows.append(first + torch.arange(size) // FP8_BLOCK)
-        first += blocks(size)
+        within = torch.zeros(size, dtype=torch.long) if row_block is None else torch.arange(size)
+        rows.append(first + (within if row_block is None else within // row_block))
+        first += blocks(size, row_block)
     return torch.cat(rows)
 
 
@@ -51,6 +53,8 @@ def dequantize(
     s = scale.index_select(-2, rows).to(dtype)  # [..., N, blocks(K)]
     k, nk = weight.shape[-1], s.shape[-1]
     w = weight.to(dtype)
+    if nk == 1:  # one scale across the columns (per channel, per tensor, or K <= a block)
+        return w * s
     if k == nk * FP8_BLOCK:  # the scales broadcast over each block's columns: no [N, K] copy
         return (w.unflatten(-1, (nk, FP8_BLOCK)) * s.unsqueeze(-1)).flatten(-2)
     return w * s.repeat_interleave(FP8_BLOCK, dim=-1)[..., :k]
@@ -60,16 +64,29 @@ class _Fp8Linear(nn.Module):
     """An FP8 weight [sum(output_sizes), in_features], its stacked scale grids, a bias."""
 
     def __init__(
-        self, in_features: int, output_sizes: list[int], bias: bool, tp: TPGroup, dtype: torch.dtype
+        self,
+        in_features: int,
+        output_sizes: list[int],
+        bias: bool,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        quant: QuantizationConfig | None = None,
     ) -> None:
         super().__init__()
         self.tp = tp
         self.output_sizes = output_sizes  # per-rank sizes of each fused part
+        # Weight rows and columns per scale (QuantizationConfig.row_block / col_block).
+        self.row_block = FP8_BLOCK if quant is None else quant.row_block
+        self.col_block = FP8_BLOCK if quant is None else quant.col_block
         out = sum(output_sizes)
         self.weight = nn.Parameter(torch.empty(out, in_features, dtype=FP8_DTYPE), False)
-        grid = (sum(blocks(s) for s in output_sizes), blocks(in_features))
+        grid = (
+            sum(blocks(s, self.row_block) for s in output_sizes),
+            blocks(in_features, self.col_block),
+        )
         self.weight_scale_inv = nn.Parameter(torch.empty(grid, dtype=torch.float32), False)
-        self.register_buffer("scale_rows", scale_rows(output_sizes), persistent=False)
+        rows = scale_rows(output_sizes, self.row_block)
+        self.register_buffer("scale_rows", rows, persistent=False)
         self.bias = nn.Parameter(torch.zeros(out, dtype=dtype), False) if bias else None
         self.lora: LoraSlots | None = None  # set by workers.lora.device.attach_lora
 
@@ -78,7 +95,7 @@ class _Fp8Linear(nn.Module):
 
     def scale_offset(self, index: int) -> int:
         """The first row of part `index`'s scale grid."""
-        return sum(blocks(s) for s in self.output_sizes[:index])
+        return sum(blocks(s, self.row_block) for s in self.output_sizes[:index])
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         w = dequantize(self.weight, self.weight_scale_inv, self.scale_rows, x.dtype)
@@ -106,8 +123,9 @@ class Fp8RowParallelLinear(_Fp8Linear):
         bias: bool,
         tp: TPGroup,
         dtype: torch.dtype,
+        quant: QuantizationConfig | None = None,
     ) -> None:
-        super().__init__(in_features_per_rank, [out_features], bias, tp, dtype)
+        super().__init__(in_features_per_rank, [out_features], bias, tp, dtype, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(self.matmul(x, None))  # LoRA's delta before it, as unquantized
@@ -123,8 +141,9 @@ def column_parallel(
     dtype: torch.dtype,
 ) -> nn.Module:
     """A column-parallel projection: FP8 when the checkpoint is, else full precision."""
-    cls = ColumnParallelLinear if quant is None else Fp8ColumnParallelLinear
-    return cls(in_features, output_sizes, bias, tp, dtype)
+    if quant is None:
+        return ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype)
+    return Fp8ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype, quant)
 
 
 def row_parallel(
@@ -136,5 +155,6 @@ def row_parallel(
     dtype: torch.dtype,
 ) -> nn.Module:
     """A row-parallel projection: FP8 when the checkpoint is, else full precision."""
-    cls = RowParallelLinear if quant is None else Fp8RowParallelLinear
-    return cls(in_features_per_rank, out_features, bias, tp, dtype)
+    if quant is None:
+        return RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype)
+    return Fp8RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype, quant)

@@ -43,3 +43,21 @@ def assert_outputs_match_hf(path: Any, prompts: list[list[int]], outs: list[Any]
     for prompt, out in zip(prompts, outs, strict=True):
         exact += assert_greedy_match(hf, prompt, out.outputs[0].token_ids, hf_greedy(hf, prompt, n))
     assert exact >= len(prompts) - 1
+
+
+def assert_greedy_and_logprobs_match(
+    hf_model: Any, prompts: list[list[int]], outs: list[Any], n: int, tol: float = 1e-4
+) -> None:
+    """Each request's `n` greedy tokens are `hf_model`'s (one near-tie allowed), and the chosen
+    tokens' logprobs are its teacher-forced ones within `tol`."""
+    from tests.checkpoints import hf_greedy, hf_logprobs
+
+    exact = 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        ours = out.outputs[0].token_ids
+        assert len(ours) == n
+        exact += assert_greedy_match(hf_model, prompt, ours, hf_greedy(hf_model, prompt, n))
+        rows = hf_logprobs(hf_model, prompt, ours)
+        for row, tok, lp in zip(rows, ours, out.outputs[0].logprobs, strict=True):
+            assert abs(lp[tok] - row[tok].item()) < tol, (len(prompt), tok)
+    assert exact >= len(prompts) - 1  # ties are rare: most prompts match exactly

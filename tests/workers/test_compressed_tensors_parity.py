@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoints import hf_greedy, hf_logprobs
 from tests.compressed_tensors_checkpoints import STRATEGIES, load_hf_ct, make_ct_checkpoint
-from tests.workers.parity import assert_greedy_match
+from tests.workers.parity import assert_greedy_and_logprobs_match
 from workers import LLM, SamplingParams
 
 MAX_TOKENS = 10
@@ -50,12 +49,4 @@ def test_greedy_and_logprobs_match_transformers(strategy: str, checkpoints: dict
         assert proj.weight.element_size() == 1  # kept FP8 in memory
     finally:
         llm.engine.shutdown()
-    hf = load_hf_ct(path)
-    exact = 0
-    for prompt, out in zip(prompts, outs, strict=True):
-        ours = out.outputs[0].token_ids
-        exact += assert_greedy_match(hf, prompt, ours, hf_greedy(hf, prompt, MAX_TOKENS))
-        rows = hf_logprobs(hf, prompt, ours)
-        for row, tok, lp in zip(rows, ours, out.outputs[0].logprobs, strict=True):
-            assert abs(lp[tok] - row[tok].item()) < 1e-4
-    assert exact >= len(prompts) - 1
+    assert_greedy_and_logprobs_match(load_hf_ct(path), prompts, outs, MAX_TOKENS)

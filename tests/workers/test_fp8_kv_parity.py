@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.checkpoints import hf_greedy, hf_logprobs, load_hf
-from tests.workers.parity import assert_greedy_match
+from tests.checkpoints import hf_greedy, load_hf
+from tests.workers.parity import assert_greedy_and_logprobs_match, assert_greedy_match
 from workers import LLM, SamplingParams
 from workers.device.layers import kv_quant
 
@@ -87,14 +87,7 @@ def test_greedy_tokens_are_the_emulations(demo_dir: Path, engine: dict) -> None:
     finally:
         llm.engine.shutdown()
     hf = _emulation(demo_dir, {})
-    exact = 0
-    for prompt, out in zip(prompts, outs, strict=True):
-        ours = out.outputs[0].token_ids
-        exact += assert_greedy_match(hf, prompt, ours, hf_greedy(hf, prompt, MAX_TOKENS))
-        rows = hf_logprobs(hf, prompt, ours)
-        for row, tok, lp in zip(rows, ours, out.outputs[0].logprobs, strict=True):
-            assert abs(lp[tok] - row[tok].item()) < LOGPROB_TOL, (len(prompt), tok)
-    assert exact >= len(prompts) - 1
+    assert_greedy_and_logprobs_match(hf, prompts, outs, MAX_TOKENS, LOGPROB_TOL)
     for a, b in zip(outs[-2:], again, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
 

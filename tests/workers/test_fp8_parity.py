@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.checkpoints import hf_greedy, hf_logprobs
 from tests.fp8_checkpoints import FP8_KINDS, load_hf_fp8, make_fp8_checkpoint
-from tests.workers.parity import assert_greedy_match
+from tests.workers.parity import assert_greedy_and_logprobs_match
 from workers import LLM, SamplingParams
 
 MAX_TOKENS = 10
@@ -41,16 +40,7 @@ def test_greedy_and_logprobs_match_transformers(kind: str, checkpoints: dict[str
         again = llm.generate(prompts[-2:], GREEDY, use_tqdm=False)  # from the prefix cache
     finally:
         llm.engine.shutdown()
-    hf = load_hf_fp8(path)
-    exact = 0
-    for prompt, out in zip(prompts, outs, strict=True):
-        ours = out.outputs[0].token_ids
-        assert len(ours) == MAX_TOKENS
-        exact += assert_greedy_match(hf, prompt, ours, hf_greedy(hf, prompt, MAX_TOKENS))
-        rows = hf_logprobs(hf, prompt, ours)
-        for row, tok, lp in zip(rows, ours, out.outputs[0].logprobs, strict=True):
-            assert abs(lp[tok] - row[tok].item()) < 1e-4
-    assert exact >= len(prompts) - 1  # ties are rare: most prompts match exactly
+    assert_greedy_and_logprobs_match(load_hf_fp8(path), prompts, outs, MAX_TOKENS)
     for a, b in zip(outs[-2:], again, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
 

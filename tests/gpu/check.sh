@@ -6,6 +6,7 @@
 #           (torch.compile pieces + CUDA graphs of decode batches on torch, whole-step decode
 #           graphs on triton, whose replays it counts); and the triton forward, eager and
 #           graphed, under torch.cuda.set_sync_debug_mode("error") (tests/gpu/test_sync_free.py);
+#           the KV tiers' copy path and the FP8 KV cache on both backends;
 #   step    `kvray bench step` in bf16 on a ~0.6B random checkpoint of Qwen3 shape: decode steps
 #           at batch 1 and 64 and a 2,048-token prefill step, host and device ms, kernels per
 #           step and the bandwidth roofline -- triton eager, triton with decode graphs, and the
@@ -54,6 +55,7 @@ XDIST=()
 if $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n 8); fi
 stage parity 240 $PY -m pytest -q --noconftest -p no:cacheprovider "${XDIST[@]}" \
     tests/gpu/test_cuda_parity.py tests/gpu/test_sync_free.py tests/gpu/test_cuda_kv_tier.py \
+    tests/gpu/test_cuda_fp8_kv.py \
     tests/workers/device/test_step_buffers.py \
     tests/workers/device/layers/test_sampler.py
 

@@ -297,10 +297,14 @@ def object_store_stats() -> dict[str, int]:
     """The object store's bytes in use, its capacity and what it spilled to disk, summed over
     the cluster's nodes: what the cluster KV tier's budget is checked against (tests, `kvray
     bench kv-tier`). Ray's public API has no equivalent (the state API needs the dashboard);
-    `ray memory --stats-only` prints the same reply."""
+    `ray memory --stats-only` prints the same reply. Asks the instance this process is
+    connected to: found by itself, Ray refuses when another instance runs on the machine
+    ("multiple active Ray instances")."""
+    import ray
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
-    stats = get_memory_info_reply(get_state_from_address()).store_stats
+    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    stats = get_memory_info_reply(get_state_from_address(address)).store_stats
     return {
         "bytes_used": int(stats.object_store_bytes_used),
         "bytes_avail": int(stats.object_store_bytes_avail),

@@ -1,6 +1,6 @@
 """config.json's `quantization_config` of a compressed-tensors checkpoint (llm-compressor's
-format: RedHatAI's FP8-dynamic and FP8 W8A8 checkpoints among them), read into a
-QuantizationConfig (workers/quantization.py).
+format: RedHatAI's FP8-dynamic and FP8 W8A8 checkpoints among them), read into the fields of a
+QuantizationConfig (workers/quantization.py builds it; this module imports nothing of it).
 
 Served: the "float-quantized" format, FP8 weights: every Linear of the decoder layers stored
 float8_e4m3fn with a `<name>.weight_scale` per output channel, per tensor or per 128x128
@@ -17,15 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.quantization import FP8_BLOCK, QuantizationConfig
-
 FORMAT = "float-quantized"
 STRATEGIES = ("channel", "tensor", "block")
+BLOCK = 128  # the block strategy's rows and columns per scale (workers/quantization.FP8_BLOCK)
 # Expert layouts differ between llm-compressor's exports: no test holds them to a reference yet.
 _UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 
-def compressed_tensors_config(arch: str, raw: dict[str, Any]) -> QuantizationConfig:
+def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """QuantizationConfig's fields for the checkpoint, or ValueError naming what is not
+    served."""
     fmt = raw.get("format")
     if fmt != FORMAT:
         _refuse("format", fmt, f"only {FORMAT!r} (FP8 weights)")
@@ -47,8 +48,8 @@ def compressed_tensors_config(arch: str, raw: dict[str, Any]) -> QuantizationCon
         _refuse("weights.strategy", strategy, f"one of {STRATEGIES}")
     if strategy == "block":
         blocks = w.get("block_structure")
-        if list(blocks or ()) != [FP8_BLOCK, FP8_BLOCK]:
-            _refuse("weights.block_structure", blocks, f"[{FP8_BLOCK}, {FP8_BLOCK}]")
+        if list(blocks or ()) != [BLOCK, BLOCK]:
+            _refuse("weights.block_structure", blocks, f"[{BLOCK}, {BLOCK}]")
     acts = group.get("input_activations")
     scheme = "dynamic"
     if acts is not None:
@@ -58,13 +59,13 @@ def compressed_tensors_config(arch: str, raw: dict[str, Any]) -> QuantizationCon
     if arch in _UNSUPPORTED_ARCHITECTURES:
         raise ValueError(f"compressed-tensors checkpoints of {arch} are not supported yet")
     ignore = tuple(str(x) for x in raw.get("ignore") or ())
-    return QuantizationConfig(
-        method="compressed-tensors",
-        activation_scheme=scheme,
-        modules_to_not_convert=ignore,
-        strategy=strategy,
-        scale_name="weight_scale",
-    )
+    return {
+        "method": "compressed-tensors",
+        "activation_scheme": scheme,
+        "modules_to_not_convert": ignore,
+        "strategy": strategy,
+        "scale_name": "weight_scale",
+    }
 
 
 def _scheme_key(group: Any) -> str:

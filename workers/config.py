@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from workers.cache_config import DEFAULT_BLOCK_SIZE, CacheConfig
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
 from workers.hf_config import eos_ids, settled_config
@@ -25,7 +26,6 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 # Defaults written once; EngineArgs, the configs and `LLM(...)` point here.
-DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # token budget of one engine step
 DEFAULT_STEP_TIMEOUT_S = 20.0
@@ -160,29 +160,6 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class CacheConfig:
-    block_size: int = DEFAULT_BLOCK_SIZE
-    enable_prefix_caching: bool = True
-    kv_cache_memory_bytes: int | None = None  # None: a fraction of free memory (CUDA) / 1 GiB (CPU)
-    gpu_memory_utilization: float = 0.85
-    kv_events: bool = False  # record prefix-cache KV events for a KV-aware router
-    kv_offload_gib: float = 0.0  # the host KV tier (workers/core/host_tier.py); 0: off
-    kv_share: bool = False  # export full blocks for the cluster tier (workers/core/kv_share.py)
-    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES
-
-    def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
-            )
-        g = self.kv_offload_gib
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
-            raise ValueError(f"kv_offload_gib must be a number >= 0, got {g!r}")
-        if self.kv_share and not (g > 0 and self.kv_events and self.enable_prefix_caching):
-            raise ValueError("kv_share needs kv_offload_gib > 0, kv_events and prefix caching")
-
-
-@dataclass(frozen=True)
 class SchedulerConfig:
     max_model_len: int
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
@@ -215,10 +192,6 @@ class StructuredConfig:
 
 # EngineArgs.attention_backend (workers/device/attention_backend.py).
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
-# The KV cache's element type: "auto" is the model's dtype; "fp8" stores float8 e4m3 (one
-# byte) with a per-layer scale for K and one for V (the checkpoint's, else 1.0), written after
-# RoPE and read back by every attention path (workers/device/layers/kv_quant.py).
-KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)

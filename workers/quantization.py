@@ -124,9 +124,9 @@ class QuantizationConfig:
                 "and quantization is 'none'; use 'auto' to serve it"
             )
         if method == "compressed-tensors":
-            from workers.compressed_tensors import compressed_tensors_config
+            from workers.compressed_tensors import compressed_tensors_fields
 
-            return compressed_tensors_config(arch, raw)
+            return QuantizationConfig(**compressed_tensors_fields(arch, raw))
         if method != "fp8":
             raise ValueError(
                 f"unsupported quantization_config.quant_method {method!r}: kvray supports "

@@ -16,6 +16,7 @@ from cluster.config.checks import (
     need_positive_ints,
 )
 from cluster.config.setting import MODEL_GROUP, declared, setting
+from workers.cache_config import KV_CACHE_DTYPES
 from workers.compile_sizes import CPU_COMPILED_MIN_TOKENS
 from workers.config import (
     ATTENTION_BACKENDS,
@@ -24,7 +25,6 @@ from workers.config import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_STEP_TIMEOUT_S,
-    KV_CACHE_DTYPES,
 )
 from workers.quantization import QUANTIZATION_CHOICES
 

@@ -65,6 +65,9 @@ async def model_list(ingress: Ingress) -> dict[str, Any]:
             "root": root,
             "parent": parent,
             "max_model_len": card["max_model_len"],
+            # What the weights and the KV cache are stored as (an adapter runs on them too).
+            "quantization": card.get("quantization", "none"),
+            "kv_cache_dtype": card.get("kv_cache_dtype"),
         }
 
     data = [entry(card["id"], card["id"], None)]

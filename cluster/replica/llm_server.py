@@ -43,6 +43,7 @@ from cluster.replica.engine_restart import EngineSupervisor
 from cluster.replica.engine_spans import replica_spans
 from cluster.replica.kv_publish import kv_publisher
 from cluster.replica.kv_share import replica_kv_share
+from cluster.replica.model_card import model_card
 from cluster.replica.queued_tokens import QueuedTokens
 from cluster.replica.replica_process import node_id, replica_name, use_reserved_cpus
 from cluster.replica.tenant_share import TenantShare
@@ -278,16 +279,8 @@ class LLMServer:
         return chunk_interval_s(self._streams, self._config.replicas.stream_interval_ms)
 
     async def model_card(self) -> dict[str, Any]:
-        """{"id", "max_model_len", "vocab_size", "created"}: /v1/models, ListModels, and the
-        limits the ingresses check requests against (the model's vocabulary, which can be
-        larger than the tokenizer's)."""
-        return {
-            "id": self._model_name,
-            "max_model_len": self.max_model_len,
-            "vocab_size": self._engine.input_checker.vocab_size,
-            "kv_cache_tokens": self._engine.input_checker.kv_cache_tokens,
-            "created": self._created,
-        }
+        """/v1/models, ListModels and the ingresses' request limits (model_card.py)."""
+        return model_card(self._model_name, self._engine, self._created)
 
     async def stats(self) -> EngineStats:
         return self._engine.stats()

@@ -40,6 +40,12 @@ def test_fp8_schemes_are_read(strategy: str) -> None:
     assert _read(quantization_config(strategy), requested="fp8") == quant
 
 
+def test_its_block_is_the_fp8_layers_block() -> None:
+    from workers import compressed_tensors, quantization
+
+    assert compressed_tensors.BLOCK == quantization.FP8_BLOCK
+
+
 def test_the_start_up_log_says_what_is_served() -> None:
     assert _read(quantization_config("channel")).describe() == (
         "compressed-tensors (per-channel scaled FP8 weights, per-token dynamic activation "

@@ -105,13 +105,10 @@ class Worker:
             self.model, config, device, tp.size, progress, triton
         )
         log.info("CPU kernels: %s", self.forward.strategy.kernels)
-        # The library the attention metadata hands the kernels (None: torch's paths).
-        self.cpu_kernel = self.forward.strategy.kernels.lib
-        if self.cpu_kernel is not None and config.cache.kv_cache_dtype == "fp8":
-            # The C attention kernels read a float32 cache: an FP8 one goes through torch's
-            # attention (the kernels' GEMMs stay on).
-            self.cpu_kernel = None
-            log.info("KV cache fp8: attention through torch's ops, not the CPU kernels")
+        # The library the attention metadata hands the kernels (None: torch's paths). Their
+        # attention reads a float32 cache only: an FP8 one goes through torch's (GEMMs stay).
+        fp8_kv = config.cache.kv_cache_dtype == "fp8"
+        self.cpu_kernel = None if fp8_kv else self.forward.strategy.kernels.lib
         # Query tokens per triton program (0: the torch path); the triton backend takes every
         # row's attention, so the CPU kernels' attention rows are off (their GEMMs stay on).
         # Its step inputs go through one persistent buffer (made with the KV cache).

@@ -46,14 +46,17 @@ class AsyncEngine:
         def config() -> EngineConfig:
             return args.create_config() if isinstance(args, EngineArgs) else args
 
+        # The engine's config, as this process built it (the child builds its own from the same
+        # arguments): what it serves, for the model card.
+        self.config: EngineConfig = engine.config if engine is not None else config()
         if process:
             from workers.frontend.engine_process import EngineProcess
 
             if engine is not None:
                 raise ValueError("process=True builds its engine in the child; pass no engine")
-            self._core: EngineCore = EngineProcess(config())
+            self._core: EngineCore = EngineProcess(self.config)
         else:
-            self._core = EngineThread(engine or LLMEngine(config()))
+            self._core = EngineThread(engine or LLMEngine(self.config))
         self.tokenizer = self._core.tokenizer
         self.model_name = self._core.model_name
         self.max_model_len = self._core.max_model_len

@@ -39,7 +39,8 @@ from cluster.bench.throughput.hf import run_hf, run_hf_cb
 from cluster.bench.throughput.kvray import run_kvray
 from cluster.bench.throughput.run import Run
 from cluster.config.units import parse_size
-from workers.config import ATTENTION_BACKENDS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES
+from workers.cache_config import KV_CACHE_DTYPES
+from workers.config import ATTENTION_BACKENDS, DEFAULT_MAX_NUM_SEQS
 
 BACKENDS = ("kvray", "hf", "hf-cb")
 NO_PREFIX = "kvray-no-prefix-caching"

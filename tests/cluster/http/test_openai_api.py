@@ -54,6 +54,8 @@ def test_models_lists_the_served_model(client: openai.OpenAI, kvray_app: App) ->
     models = client.models.list().data
     assert [m.id for m in models] == [kvray_app.model]
     assert models[0].model_extra["max_model_len"] > 0
+    assert models[0].model_extra["quantization"] == "none"
+    assert models[0].model_extra["kv_cache_dtype"] == "float32"  # the CPU replicas' default
 
 
 def test_completions_greedy_equal_offline(client: openai.OpenAI, llm: Any) -> None:

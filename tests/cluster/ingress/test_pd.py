@@ -12,26 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cluster.config import ServeConfig
-from cluster.errors import EngineDeadError
 from cluster.ingress.migration import migrating
-from cluster.ingress.pd import HANDOFF_TOKENS, Disaggregation, PdPolicy
+from cluster.ingress.pd import HANDOFF_TOKENS, PdPolicy
 from cluster.ingress.pd_cost import PdEstimate, ReplicaLoad
 from cluster.ingress.pd_metrics import PHASES
 from cluster.messages import GenerateRequest
+from tests.cluster.ingress.pd_stand_ins import Replicas, collect, make_pd
 from workers import AsyncEngine, EngineArgs, SamplingParams
-from workers.outputs import CompletionOutput, RequestOutput, RequestOutputKind
+from workers.outputs import RequestOutputKind
 
 PROMPT = list(range(300, 340))
 _SEEN: list[list[int]] = []
-_IDS = itertools.count()  # prompts the equality test used (each its own)
 
 
 @pytest.fixture(scope="module")
@@ -43,91 +41,6 @@ def engines(demo_dir: Path) -> Iterator[dict[str, AsyncEngine]]:
     yield made
     for e in made.values():
         e.shutdown()
-
-
-class Counts:
-    def __init__(self) -> None:
-        self.decisions: list[str] = []
-        self.fallbacks: list[str] = []
-        self.handoffs = 0
-        self.ttfts: list[dict[str, float]] = []
-
-    def decided(self, d: str) -> None:
-        self.decisions.append(d)
-
-    def fallback(self, r: str) -> None:
-        self.fallbacks.append(r)
-
-    def handed_off(self, _s: float) -> None:
-        self.handoffs += 1
-
-    def ttft(self, phases: dict[str, float]) -> None:
-        self.ttfts.append(phases)
-
-
-class Replicas:
-    """The prefill and decode deployments' stand-ins; `prefill_fails`: "dies" (the prefill's
-    attempt fails before it yields: its engine restarting) or "aborts" (the prefill replica
-    ends the request aborted after a token: e.g. out of KV cache there)."""
-
-    def __init__(
-        self, engines: dict[str, AsyncEngine], prefill_fails: str = "", decode_dies_after: int = 0
-    ) -> None:
-        # decode_dies_after: the first decode call dies after this many outputs (0: never).
-        self.engines = engines
-        self.prefill_fails = prefill_fails
-        self.decode_dies_after = decode_dies_after
-        self.seen: list[tuple[str, GenerateRequest]] = []
-
-    def attempt(self, name: str):  # noqa: ANN201
-        async def call(request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-            self.seen.append((name, request))
-            if name == "prefill" and self.prefill_fails == "dies":
-                raise EngineDeadError("engine is restarting", replica="p", taken=False)
-            if name == "prefill" and self.prefill_fails == "aborts":
-                aborted = CompletionOutput(0, token_ids=[400], finish_reason="abort")
-                yield RequestOutput("p", None, [], [aborted], finished=True)
-                return
-            rid = f"{request.request_id}.{next(_IDS)}"  # never reused, as a server's
-            dies_after, n = (self.decode_dies_after if name == "decode" else 0), 0
-            async with contextlib.aclosing(
-                self.engines[name].generate_input(request.input, rid)
-            ) as outs:
-                async for out in outs:
-                    yield out
-                    n += 1
-                    if n == dies_after:
-                        self.decode_dies_after = 0  # the replica it moves to lives
-                        raise EngineDeadError("engine died", replica="d")
-
-        return call
-
-
-def _pd(engines: dict[str, AsyncEngine], replicas: Replicas, mode: str = "always"):  # noqa: ANN202
-    counts = Counts()
-
-    async def checker():  # noqa: ANN202
-        return engines["decode"].input_checker
-
-    pd = Disaggregation(
-        PdPolicy(mode, step_tokens=32, block_size=16),
-        replicas.attempt("prefill"),
-        replicas.attempt("decode"),
-        checker,
-        counts,
-    )
-    return pd, counts
-
-
-async def _collect(outs: AsyncIterator[RequestOutput]) -> tuple[str, list[int], RequestOutput]:
-    text, tokens, last = "", [], None
-    async for out in outs:
-        for c in out.outputs:
-            text += c.delta_text
-            tokens += c.delta_token_ids
-        last = out
-    assert last is not None and last.finished
-    return text, tokens, last
 
 
 def _request(
@@ -160,10 +73,10 @@ def test_a_disaggregated_request_equals_one_engine(
 
     async def both() -> tuple:
         request = _request(engines, params, prompt)
-        want = await _collect(Replicas(engines).attempt("prefill")(request))
+        want = await collect(Replicas(engines).attempt("prefill")(request))
         replicas = Replicas(engines)
-        pd, counts = _pd(engines, replicas)
-        got = await _collect(migrating(pd.attempt, request, 3))
+        pd, counts = make_pd(engines, replicas)
+        got = await collect(migrating(pd.attempt, request, 3))
         return want, got, replicas.seen, counts
 
     (want_text, want_tokens, want), (text, tokens, got), seen, counts = asyncio.run(both())
@@ -201,19 +114,19 @@ def test_a_stop_string_held_back_at_the_hand_off_is_cut_as_on_one_engine(
 
     async def run() -> tuple:
         request = _request(engines, base)
-        _, _, plain = await _collect(Replicas(engines).attempt("decode")(request))
+        _, _, plain = await collect(Replicas(engines).attempt("decode")(request))
         # A stop string spanning the hand-off: the end of the prefill's tokens' text and the
         # start of the next token's.
         short = SamplingParams(max_tokens=HANDOFF_TOKENS, temperature=0.0, ignore_eos=True)
-        _, _, cut = await _collect(Replicas(engines).attempt("decode")(_request(engines, short)))
+        _, _, cut = await collect(Replicas(engines).attempt("decode")(_request(engines, short)))
         text, at = plain.outputs[0].text, len(cut.outputs[0].text)
         assert at >= 2, "the first tokens have text"
         stop = text[at - 2 : at + 2]
         params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop])
         request = _request(engines, params)
-        want = await _collect(Replicas(engines).attempt("decode")(request))
-        pd, _ = _pd(engines, Replicas(engines))
-        got = await _collect(migrating(pd.attempt, request, 3))
+        want = await collect(Replicas(engines).attempt("decode")(request))
+        pd, _ = make_pd(engines, Replicas(engines))
+        got = await collect(migrating(pd.attempt, request, 3))
         return want, got
 
     (want_text, _, want), (text, _, got) = asyncio.run(run())
@@ -230,8 +143,8 @@ def test_priority_and_tenant_travel_to_both_replicas(engines: dict[str, AsyncEng
         inp = engines["decode"].input_checker.check(list(range(2000, 2040)), params, priority=-3)
         request = GenerateRequest("req", dataclasses.replace(inp, tenant="team-a"))
         replicas = Replicas(engines)
-        pd, _ = _pd(engines, replicas)
-        await _collect(migrating(pd.attempt, request, 3))
+        pd, _ = make_pd(engines, replicas)
+        await collect(migrating(pd.attempt, request, 3))
         return replicas.seen
 
     seen = asyncio.run(run())
@@ -245,14 +158,14 @@ def test_a_request_that_ends_on_the_prefill_goes_no_further(
 ) -> None:
     async def run() -> tuple:
         probe = _request(engines, SamplingParams(max_tokens=5, temperature=0.0))
-        _, _, plain = await _collect(Replicas(engines).attempt("decode")(probe))
+        _, _, plain = await collect(Replicas(engines).attempt("decode")(probe))
         stop = plain.outputs[0].token_ids[at]  # it stops on its token `at`
         params = SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop])
         request = _request(engines, params)
-        want = await _collect(Replicas(engines).attempt("decode")(request))
+        want = await collect(Replicas(engines).attempt("decode")(request))
         replicas = Replicas(engines)
-        pd, _ = _pd(engines, replicas)
-        got = await _collect(migrating(pd.attempt, request, 3))
+        pd, _ = make_pd(engines, replicas)
+        got = await collect(migrating(pd.attempt, request, 3))
         return want, got, replicas.seen
 
     (want_text, want_tokens, want), (text, tokens, got), seen = asyncio.run(run())
@@ -272,10 +185,10 @@ def test_a_failed_prefill_falls_back_to_the_decode_replica(
 
     async def run() -> tuple:
         request = _request(engines, params)
-        want = await _collect(Replicas(engines).attempt("decode")(request))
+        want = await collect(Replicas(engines).attempt("decode")(request))
         replicas = Replicas(engines, prefill_fails=how)
-        pd, counts = _pd(engines, replicas)
-        got = await _collect(migrating(pd.attempt, request, 3))
+        pd, counts = make_pd(engines, replicas)
+        got = await collect(migrating(pd.attempt, request, 3))
         return want, got, replicas.seen, counts
 
     (want_text, _, _), (text, _, got), seen, counts = asyncio.run(run())
@@ -292,10 +205,10 @@ def test_a_decode_replica_that_dies_after_the_hand_off_is_a_migration(
 
     async def run() -> tuple:
         request = _request(engines, params, [2000 + i for i in range(40)])
-        want = await _collect(Replicas(engines).attempt("decode")(request))
+        want = await collect(Replicas(engines).attempt("decode")(request))
         replicas = Replicas(engines, decode_dies_after=5)
-        pd, counts = _pd(engines, replicas)
-        got = await _collect(migrating(pd.attempt, request, 3))
+        pd, counts = make_pd(engines, replicas)
+        got = await collect(migrating(pd.attempt, request, 3))
         return want, got, replicas.seen, counts
 
     (want_text, want_tokens, _), (text, tokens, _), seen, counts = asyncio.run(run())
@@ -355,7 +268,7 @@ def test_prompts_sent_to_prefill_replicas_count_in_their_queue(
     def loads(inp):  # noqa: ANN001, ANN202
         return [ReplicaLoad(running=3)], [ReplicaLoad(), ReplicaLoad()]
 
-    pd, _ = _pd(engines, Replicas(engines), mode="auto")
+    pd, _ = make_pd(engines, Replicas(engines), mode="auto")
     pd._loads = loads
     inp = engines["decode"].input_checker.check(PROMPT, SamplingParams(max_tokens=10))
     idle = pd.estimate(inp)
@@ -385,7 +298,7 @@ def test_a_client_that_leaves_frees_both_replicas(engines: dict[str, AsyncEngine
     prompt = [2000 + i % 900 for i in range(1500)]  # a prefill of some milliseconds
 
     async def leave(after_chunks: int | None, after_s: float = 0.0) -> int:
-        pd, _ = _pd(engines, Replicas(engines))
+        pd, _ = make_pd(engines, Replicas(engines))
         chunks = 0
 
         async def consume() -> None:

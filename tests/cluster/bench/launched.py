@@ -13,9 +13,6 @@ from cluster.deploy.serve_env import LOCAL_PORT_KEYS
 from tests.cluster.serve_helpers import KV_CACHE_BYTES
 
 REPO = Path(__file__).resolve().parents[3]
-# The session's shared instance (`--part all`) may have set these: the launched one picks its
-# own, or it would bind the shared instance's HAProxy ports.
-_ENV = {k: v for k, v in os.environ.items() if k not in LOCAL_PORT_KEYS}
 
 
 def run_launched(argv: list[str], timeout_s: float = 420.0) -> int:
@@ -24,8 +21,9 @@ def run_launched(argv: list[str], timeout_s: float = 420.0) -> int:
     printed (pytest shows it when the test fails)."""
     cmd = [sys.executable, "-m", "cluster.cli.main", "bench", "serve", "--launch"]
     cmd += ["--num-replicas", "2", "--kv-cache-memory", str(KV_CACHE_BYTES), *argv]
-    done = subprocess.run(
-        cmd, cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=timeout_s
-    )
+    # The session's shared instance (`--part all`) may have set these: the launched one picks
+    # its own, or it would bind the shared instance's HAProxy ports.
+    env = {k: v for k, v in os.environ.items() if k not in LOCAL_PORT_KEYS}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     print(done.stdout[-6000:], done.stderr[-6000:], sep="\n")
     return done.returncode

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from cluster.bench.chaos.main import chaos_plan
 from cluster.bench.chaos.workload import ChaosMix, parse_priorities
 from cluster.bench.fault.main import pid_gone
 from cluster.bench.serve import main as bench_serve
-from tests.cluster.bench.launched import run_launched
+from tests.cluster.serve_helpers import KV_CACHE_BYTES, App, ServePorts, deploy
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -49,22 +50,39 @@ def test_the_plan_is_the_flags_schedule() -> None:
 # -- one real run ------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def chaos_app(serve_ports: ServePorts) -> Iterator[App]:
+    from ray import serve
+
+    from cluster.config import ServeConfig
+
+    config = ServeConfig.from_flat(
+        num_replicas=2,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        max_num_seqs=8,
+        tenant_header="x-tenant-id",
+        api_key_env="KVRAY_CHAOS_NO_KEY",  # unset on the cluster: no key required
+    )
+    app = deploy("kvray-chaos", "/chaos", config, serve_ports, None)
+    yield app
+    serve.delete(app.name)
+
+
 @pytest.mark.slow
-def test_a_real_run_loses_nothing_and_changes_nothing(tmp_path: Path) -> None:
+def test_a_real_run_loses_nothing_and_changes_nothing(chaos_app: App, tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
-    argv = [
-        "--max-num-seqs", "8", "--chaos", "22", "--chaos-interval-s", "6", "--seed", "172",
-        "--max-concurrency", "8", "--chaos-output-len", "16", "64", "--input-len", "64",
-        "--chaos-metrics-wait-s", "2", "--fault-recovery-timeout-s", "0",
-        "--result-json", str(out),
-    ]  # fmt: skip
-    args = _args("--launch", "--num-replicas", "2", *argv)
+    args = _args(
+        "--base-url", chaos_app.base_url, "--app-name", chaos_app.name, "--num-replicas", "2",
+        "--chaos", "22", "--chaos-interval-s", "6", "--seed", "172", "--max-concurrency", "8",
+        "--chaos-output-len", "16", "64", "--input-len", "64", "--chaos-metrics-wait-s", "2",
+        "--fault-recovery-timeout-s", "0", "--result-json", str(out),
+    )  # fmt: skip
     # This seed's schedule: an engine, then a replica and, a second later, an engine again
     # (the second replica's, the first one being replaced): a while with no healthy replica.
     plan = chaos_plan(args)
     assert [p.kind for p in plan] == ["engine", "replica", "engine"]
     assert plan[2].at_s - plan[1].at_s < 1.5
-    rc = run_launched(argv)
+    rc = bench_serve.run(args)
     s = json.loads(out.read_text())["chaos"]
     q, o, f = s["requests"], s["outputs"], s["faults"]
     assert q["lost"] == 0, q["lost_examples"]

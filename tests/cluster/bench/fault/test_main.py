@@ -33,7 +33,7 @@ from cluster.bench.fault.report import (
 )
 from cluster.bench.fault.stream import HttpStreams, StreamTrace
 from cluster.bench.serve import main as bench_serve
-from tests.cluster.bench.launched import run_launched
+from tests.cluster.serve_helpers import KV_CACHE_BYTES, ServePorts, deploy
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -278,29 +278,39 @@ def test_the_http_client_counts_tokens_per_chunk_and_keeps_mid_stream_errors(
 
 
 @pytest.mark.slow
-def test_a_real_run_kills_the_busiest_engine(tmp_path: Path) -> None:
-    out = tmp_path / "fault.json"
-    rc = run_launched(
-        [
-            "--max-num-seqs", "8", "--fault-at", "1", "--num-prompts", "6",
-            "--max-concurrency", "6", "--input-len", "16", "--fault-output-len", "300", "500",
-            "--warmup-requests", "1", "--fault-recovery-timeout-s", "0",
-            "--result-json", str(out),
-        ]
-    )  # fmt: skip
-    s = json.loads(out.read_text())["fault"]
-    f = s["fault"]
-    assert f is not None, s.get("fault_error")
-    assert f["kind"] == "engine" and f["replicas_seen"] == 2
-    assert f["pid_gone"] and fault.pid_gone(f["pid"])  # dead (at most a zombie)
-    assert f["victim_in_flight"] >= 1 and f["active_at_kill"] >= 1
-    assert s["completed"] + s["failed"] == s["requests"] == 6
-    assert sum(s["failed_by_status"].values()) == s["failed"]
-    assert f["active_completed"] + f["active_failed"] == f["active_at_kill"]
-    # A stream may be active at the kill with only its end left to send (no token after).
-    tail = f["active_tail_only"]
-    assert f["next_token_after_kill_ms"]["streams"] >= f["active_completed"] - tail
-    assert f["throughput_before"] > 0 and f["whole_again_s"] is None  # not watched
-    # Every stream survived the kill (request migration) with exact usage: exit code 0.
-    assert s["failed"] == 0 and s["usage_mismatches"] == 0 and f["active_failed"] == 0
-    assert rc == 0
+def test_a_real_run_kills_the_busiest_engine(serve_ports: ServePorts, tmp_path: Path) -> None:
+    from ray import serve
+
+    from cluster.config import ServeConfig
+
+    config = ServeConfig.from_flat(
+        num_replicas=2, kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8
+    )
+    app = deploy("kvray-fault", "/fault", config, serve_ports, None)
+    try:
+        out = tmp_path / "fault.json"
+        args = _args(
+            "--base-url", app.base_url, "--app-name", app.name, "--num-replicas", "2",
+            "--fault-at", "1", "--num-prompts", "6", "--max-concurrency", "6",
+            "--input-len", "16", "--fault-output-len", "300", "500", "--warmup-requests", "1",
+            "--fault-recovery-timeout-s", "0", "--result-json", str(out),
+        )  # fmt: skip
+        rc = bench_serve.run(args)
+        s = json.loads(out.read_text())["fault"]
+        f = s["fault"]
+        assert f is not None, s.get("fault_error")
+        assert f["kind"] == "engine" and f["replicas_seen"] == 2
+        assert f["pid_gone"] and fault.pid_gone(f["pid"])  # dead (at most a zombie)
+        assert f["victim_in_flight"] >= 1 and f["active_at_kill"] >= 1
+        assert s["completed"] + s["failed"] == s["requests"] == 6
+        assert sum(s["failed_by_status"].values()) == s["failed"]
+        assert f["active_completed"] + f["active_failed"] == f["active_at_kill"]
+        # A stream may be active at the kill with only its end left to send (no token after).
+        tail = f["active_tail_only"]
+        assert f["next_token_after_kill_ms"]["streams"] >= f["active_completed"] - tail
+        assert f["throughput_before"] > 0 and f["whole_again_s"] is None  # not watched
+        # Every stream survived the kill (request migration) with exact usage: exit code 0.
+        assert s["failed"] == 0 and s["usage_mismatches"] == 0 and f["active_failed"] == 0
+        assert rc == 0
+    finally:
+        serve.delete(app.name)

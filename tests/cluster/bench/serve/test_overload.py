@@ -4,6 +4,7 @@ the caps of a small app on the session's Serve instance."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import http.server
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster.bench.common.workload import BenchRequest
+from cluster.bench.serve import main as bench_serve
 from cluster.bench.serve import overload
 from cluster.bench.serve.overload import (
     HealthProbe,
@@ -26,7 +28,7 @@ from cluster.bench.serve.overload import (
     send_burst,
     summarize_overload,
 )
-from tests.cluster.bench.launched import run_launched
+from tests.cluster.serve_helpers import KV_CACHE_BYTES, ServePorts, deploy
 
 # -- the report ------------------------------------------------------------------------------
 
@@ -146,23 +148,39 @@ def test_the_burst_classifies_every_answer_and_the_client_timeout(local_server: 
 
 
 @pytest.mark.slow
-def test_overload_past_the_caps_of_a_small_app(tmp_path: Path) -> None:
+def test_overload_past_the_caps_of_a_small_app(serve_ports: ServePorts, tmp_path: Path) -> None:
+    from ray import serve
+
+    from cluster.config import ServeConfig
+
     # One replica that runs 2 sequences, queues 2 more and holds 4 requests: a burst of 40
     # is 10x its caps.
-    out = tmp_path / "overload.json"
-    rc = run_launched(
-        [
-            "--num-replicas", "1", "--max-num-seqs", "2", "--max-queued-requests", "2",
-            "--max-ongoing-requests", "4", "--overload", "40", "--input-len", "24",
-            "--output-len", "8", "--warmup-requests", "1", "--health-interval-ms", "20",
-            "--result-json", str(out),
-        ]
-    )  # fmt: skip
-    assert rc == 0  # nothing hung, nothing but 200 / 429 / 503
-    s = json.loads(out.read_text())["overload"]
-    c = s["counts"]
-    assert sum(c.values()) == 40 and c["other"] == c["timeout"] == 0
-    assert c["200"] >= 2 and c["429"] + c["503"] > 0, c  # some served, some refused
-    assert s["completed_share"] == pytest.approx(c["200"] / 40)
-    assert s["health"]["probes"] > 0 and s["health"]["failed"] == 0, s["health"]
-    assert s["drain_s"] is not None and s["drain_s"] >= s["last_answer_after_last_sent_s"]
+    config = ServeConfig.from_flat(
+        num_replicas=1,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        max_num_seqs=2,
+        max_queued_requests=2,
+        max_ongoing_requests=4,
+    )
+    app = deploy("kvray-overload", "/overload", config, serve_ports, None)
+    try:
+        out = tmp_path / "overload.json"
+        parser = argparse.ArgumentParser()
+        bench_serve.add_arguments(parser)
+        args = parser.parse_args(
+            [
+                "--base-url", app.base_url, "--overload", "40", "--input-len", "24",
+                "--output-len", "8", "--warmup-requests", "1", "--app-name", app.name,
+                "--num-replicas", "1", "--health-interval-ms", "20", "--result-json", str(out),
+            ]
+        )  # fmt: skip
+        assert bench_serve.run(args) == 0  # nothing hung, nothing but 200 / 429 / 503
+        s = json.loads(out.read_text())["overload"]
+        c = s["counts"]
+        assert sum(c.values()) == 40 and c["other"] == c["timeout"] == 0
+        assert c["200"] >= 2 and c["429"] + c["503"] > 0, c  # some served, some refused
+        assert s["completed_share"] == pytest.approx(c["200"] / 40)
+        assert s["health"]["probes"] > 0 and s["health"]["failed"] == 0, s["health"]
+        assert s["drain_s"] is not None and s["drain_s"] >= s["last_answer_after_last_sent_s"]
+    finally:
+        serve.delete(app.name)

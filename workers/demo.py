@@ -42,7 +42,10 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 # <tools></tools> and says how to call one: a JSON object {"name", "arguments"} inside
 # <tool_call></tool_call> tags (the Hermes / Qwen convention, which kvray's tool-call parser
 # reads). An assistant turn's `tool_calls` are written back in that form, and consecutive
-# `tool` results go in one user turn, each inside <tool_response></tool_response>.
+# `tool` results go in one user turn, each inside <tool_response></tool_response>. With the
+# template variable `enable_thinking` true (a request's chat_template_kwargs), the generation
+# prompt opens a <think> block, as reasoning models' templates do, so that a reasoning parser
+# reads the output as the model's thinking.
 CHAT_TEMPLATE = (
     "{%- macro text(content) -%}"
     "{%- if content is string -%}{{- content -}}"
@@ -93,6 +96,7 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<think>\\n' -}}{%- endif -%}"
     "{%- endif -%}"
 )
 

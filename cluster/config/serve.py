@@ -1,7 +1,7 @@
 """ServeConfig: everything that shapes the Serve application, validated once at the edge.
 
 Made of sections (engine, replicas, autoscaling, limits, network, tenants, LoRA, tracing,
-disaggregation),
+disaggregation, output parsing),
 each a frozen dataclass that validates itself; ServeConfig checks what spans two of them.
 A setting is declared once, as a section field (cluster/config/setting.py).
 
@@ -22,6 +22,7 @@ from cluster.config.engine import EngineSettings
 from cluster.config.limits import LimitSettings
 from cluster.config.lora import LoraSettings
 from cluster.config.network import NetworkSettings
+from cluster.config.parsing import ParsingSettings
 from cluster.config.pd import PdSettings
 from cluster.config.replicas import ReplicaSettings
 from cluster.config.setting import Setting, declared
@@ -43,6 +44,7 @@ class ServeConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     pd: PdSettings = field(default_factory=PdSettings)
+    parsing: ParsingSettings = field(default_factory=ParsingSettings)
 
     def __post_init__(self) -> None:
         # An adapter must not be mistaken for the model it adapts.

@@ -133,6 +133,7 @@ class GrpcIngress:
         from cluster.grpc_api.tracing import trace_interceptors
         from cluster.ingress.limits import RequestLimits
         from cluster.ingress.lora_catalog import LoraCatalog
+        from cluster.ingress.output_parsing import OutputParsing
         from cluster.ingress.pd import pd_client_kwargs
         from cluster.ingress.route_spans import route_spans
         from cluster.ingress.tenant_gate import TenantGate
@@ -158,6 +159,7 @@ class GrpcIngress:
             spans=spans,
             lora=LoraCatalog.from_config(config),  # the model's LoRA adapters
             pd=pd_client_kwargs(config, prefill),  # disaggregation (None: no prefill replicas)
+            parsing=OutputParsing.of(config.parsing, tokenizer),  # tool-call format, reasoning
         )
         self._health = health.aio.HealthServicer()
         self._serving_status = health_pb2.HealthCheckResponse.SERVING

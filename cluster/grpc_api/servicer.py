@@ -44,6 +44,7 @@ from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.lora_catalog import LoraCatalog
 from cluster.ingress.lora_registry import Adapter
+from cluster.ingress.output_parsing import OutputParsing
 from cluster.ingress.prepare import Preparer
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.tenant_gate import TenantGate
@@ -90,12 +91,14 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
         gate: TenantGate | None = None,
         lora: LoraCatalog | None = None,
         pd: dict[str, Any] | None = None,
+        parsing: OutputParsing | None = None,
     ) -> None:
         # `tokenizer`: workers.tokenizer.Tokenizer of the served checkpoint.
         # `spans`: tracing's routing spans (cluster/ingress/route_spans.py); None: off.
         # `pd`: disaggregation's LLMClient keywords (cluster/ingress/pd.py); None: none.
         self._client = LLMClient(llm, max_migrations, metrics, queue_timeout_s, spans, **(pd or {}))
-        self._preparer = Preparer(Prompts(tokenizer), self._client, limits)
+        # `parsing`: the tool-call format and reasoning parser (cluster/ingress/output_parsing.py).
+        self._preparer = Preparer(Prompts(tokenizer), self._client, limits, parsing)
         # Tenants' quotas and metrics (cluster/ingress/tenant_gate.py); None: no quotas.
         self._gate = (gate or TenantGate()).serving(self._client)
         # Logprob token texts exactly as the HTTP API shows them (special tokens included).

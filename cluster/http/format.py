@@ -1,4 +1,9 @@
-"""OpenAI response bodies built from engine RequestOutputs (plain dicts: cheap per SSE chunk)."""
+"""OpenAI response bodies built from engine RequestOutputs (plain dicts: cheap per SSE chunk).
+
+With a reasoning parser on, a chat message carries its thinking in `reasoning_content`
+(vLLM's field) and its answer in `content`; streamed, `reasoning_content` deltas come first,
+then `content` (cluster/ingress/reasoning.py). With it off, nothing changes.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.http import echo as echoes
 from cluster.http.tool_stream import ToolStream
+from cluster.ingress.reasoning import AnswerReader, Thought
 from cluster.ingress.token_text import TokenStrings
 from cluster.ingress.tool_calls import ToolCall, finish_reason
 from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:
     from cluster.http.echo import PromptEcho
+    from cluster.ingress.output_parsing import Reasoning
     from cluster.ingress.tools import ToolUse
 
 
@@ -95,6 +102,7 @@ class Formatter:
         tools: ToolUse | None = None,
         echo: PromptEcho | None = None,
         prompt_logprobs: int | None = None,
+        reasoning: Reasoning | None = None,
     ) -> None:
         self.kind = kind
         self.id = request_id
@@ -109,6 +117,8 @@ class Formatter:
         # Chat with tools (not tool_choice none): each choice's output is read for calls.
         self.tools = tools if tools is not None and tools.parses else None
         self._tool_streams: dict[int, ToolStream] = {}
+        # A chat's reasoning (cluster/ingress/output_parsing.py); None: the parser is off.
+        self.reasoning = reasoning if kind == "chat" else None
         # Completions' echo (cluster/http/echo.py); vLLM's prompt_logprobs field (top N).
         self.echo = echo
         self.prompt_logprobs = prompt_logprobs
@@ -124,14 +134,18 @@ class Formatter:
         return max(n for n in (self.prompt_logprobs, echoed, 0) if n is not None)
 
     def _message(self, c: CompletionOutput) -> tuple[dict[str, Any], str | None]:
-        """A chat choice's message and finish_reason (tool calls read out when asked for)."""
-        if self.tools is None:
+        """A chat choice's message and finish_reason (tool calls read out when asked for, the
+        reasoning split off with the parser on)."""
+        if self.tools is None and self.reasoning is None:
             return {"role": "assistant", "content": c.text}, c.finish_reason
-        parser = self.tools.parser()
-        events = parser.feed(c.text) + parser.finish()
+        parser = self.tools.parser() if self.tools is not None else None
+        events = AnswerReader(self.reasoning, parser).feed(c.text, finished=True)
         calls = [e for e in events if isinstance(e, ToolCall)]
         content = "".join(e for e in events if isinstance(e, str)) or None
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.reasoning is not None:
+            thought = "".join(e.text for e in events if isinstance(e, Thought))
+            message["reasoning_content"] = thought or None
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]
         return message, finish_reason(c.finish_reason, len(calls))
@@ -244,7 +258,7 @@ class Formatter:
             lps = (
                 self._logprobs(c, c.delta_token_ids, c.delta_logprobs, index) if with_lps else None
             )
-            if self.kind == "chat" and self.tools is not None:
+            if self.kind == "chat" and (self.tools is not None or self.reasoning is not None):
                 frames.extend(self._tool_chunks(c, index, first, lps))
                 continue
             if self.kind == "chat":
@@ -288,16 +302,19 @@ class Formatter:
         return sse(body)
 
     def _tool_chunks(self, c: CompletionOutput, index: int, first: bool, lps: Any) -> list[str]:
-        """A chat choice's frames when its output is read for tool calls: content and call
-        deltas (cluster/http/tool_stream.py), logprobs on the first, finish on the last."""
+        """A chat choice's frames when its output is read for tool calls or reasoning:
+        reasoning, content and call deltas (cluster/http/tool_stream.py), logprobs on the
+        first, finish on the last."""
         stream = self._tool_streams.get(index)
         if stream is None:
-            stream = self._tool_streams[index] = ToolStream(self.tools.parser())
+            parser = self.tools.parser() if self.tools is not None else None
+            stream = self._tool_streams[index] = ToolStream(parser, self.reasoning)
         finish = c.finish_reason
         deltas = stream.deltas(c.delta_text, finish is not None)
         if first:
             self._started.add(index)
-            head = deltas[0] if deltas and "content" in deltas[0] else {"content": ""}
+            text = bool(deltas) and ("content" in deltas[0] or "reasoning_content" in deltas[0])
+            head = deltas[0] if text else {"content": ""}
             if deltas and head is deltas[0]:
                 deltas[0] = {"role": "assistant", **head}
             else:

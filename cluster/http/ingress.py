@@ -46,20 +46,17 @@ from cluster.http.lora_routes import add_lora_routes
 from cluster.http.messages_errors import from_status, is_messages_path
 from cluster.http.messages_route import add_messages_routes
 from cluster.http.messages_route import error_response as messages_error
-from cluster.http.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
+from cluster.http.protocol import ChatCompletionRequest, CompletionRequest
 from cluster.http.responses_format import ResponsesFormatter
 from cluster.http.responses_route import add_responses_route
+from cluster.http.token_routes import add_token_routes
 from cluster.http.tracing import traced_app
 from cluster.ingress import checks
 from cluster.ingress.embeddings import hidden_size
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.llm_client import LLMClient
 from cluster.ingress.lora_catalog import AdapterCheck, LoraCatalog
+from cluster.ingress.output_parsing import OutputParsing
 from cluster.ingress.pd import pd_client_kwargs
 from cluster.ingress.prepare import Prepared, Preparer
 from cluster.ingress.prompts import Prompts
@@ -107,7 +104,8 @@ class OpenAIIngress:
         self.auth = TenantAuth.from_config(config)  # API keys and tenants (tenants.py)
         self.gate = TenantGate.from_config(config, self.client)  # quotas (tenant_gate.py)
         self.limits = RequestLimits.from_config(config)
-        self.preparer = Preparer(self.prompts, self.client, self.limits)
+        parsing = OutputParsing.of(config.parsing, tokenizer)
+        self.preparer = Preparer(self.prompts, self.client, self.limits, parsing)
         # What `model` names: the served model or a LoRA adapter (cluster/ingress/lora_catalog.py).
         # The config's adapters are read here: a bad one fails the deployment, naming it.
         check = AdapterCheck(config)
@@ -116,7 +114,13 @@ class OpenAIIngress:
         # Set through Serve's user_config when `kvray serve` begins to shut down: /ready is
         # 503 and new generation requests are refused while in-flight ones finish.
         self.draining = False
-        logger.info("OpenAIIngress ready: model=%s auth=%s", self.model, self.auth.enabled)
+        logger.info(
+            "OpenAIIngress ready: model=%s auth=%s tool calls=%s reasoning=%s",
+            self.model,
+            self.auth.enabled,
+            parsing.tool_format,
+            parsing.reasoning or "off",
+        )
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve's hook for the deployment's user_config ({"draining": bool})."""
@@ -303,32 +307,11 @@ def build_api(ingress: OpenAIIngress) -> FastAPI:
             ingress.token_strings,
             tools=prepared.tool_use,
             prompt_logprobs=body.answered_prompt_logprobs,
+            reasoning=prepared.outputs.reasoning,  # None: no reasoning parser
         )
         return await ingress.run(fmt, prepared, body.include_usage)
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        await ingress.lora.target(body.model)  # an adapter tokenizes as its model
-        if body.messages is not None:
-            ingress.limits.check_messages(len(body.messages))
-            ids = await ingress.prompts.chat(
-                [m.as_template_input() for m in body.messages],
-                body.add_generation_prompt,
-                tools=body.template_tools(),
-            )
-        elif body.prompt is not None:
-            ids = await ingress.prompts.text(body.prompt, allow_empty=True)
-        else:
-            raise InvalidRequestError("prompt", "send prompt or messages")
-        card = await ingress.client.model_card()
-        return {"tokens": ids, "count": len(ids), "max_model_len": card["max_model_len"]}
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        await ingress.lora.target(body.model)
-        ids = ingress.prompts.token_ids(body.tokens, "tokens")
-        return {"prompt": await ingress.prompts.decode(ids)}
-
+    add_token_routes(app, ingress)  # /tokenize, /detokenize (cluster/http/token_routes.py)
     add_lora_routes(app, ingress)  # /v1/models, LoRA loading (cluster/http/lora_routes.py)
     add_responses_route(app, ingress)  # POST /v1/responses (cluster/http/responses_route.py)
     add_embeddings_route(app, ingress)  # POST /v1/embeddings (cluster/http/embeddings.py)

@@ -8,7 +8,10 @@ engine's inputs exactly as it does a chat request, and the ingress routes it the
 (admission, tenants, limits, routing, migration, metrics).
 
 `max_tokens` is required (as Anthropic's API has it). `metadata` is accepted (`user_id` is
-not used). Fields kvray does not act on (`thinking`, `service_tier`, `container`, ...) are
+not used). `thinking` switches a reasoning model's thinking on or off through the chat
+template's `enable_thinking` variable (messages_input.thinking_kwargs; `budget_tokens` is
+accepted and not enforced); with a reasoning parser on, the thinking comes back as a
+`thinking` block. Fields kvray does not act on (`service_tier`, `container`, ...) are
 ignored, as chat ignores unknown fields: agents send them routinely.
 `CountTokensRequest` is the same body without `max_tokens`, for /v1/messages/count_tokens.
 """
@@ -41,11 +44,13 @@ class CountTokensRequest(BaseModel):
     messages: list[Any]
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: Any = None  # checked by messages_input.thinking_kwargs, errors in its words
 
     def prompt_input(self, limits: RequestLimits) -> PromptInput:
         chat = messages_input.template_messages(self.system, self.messages)
         limits.check_messages(len(self.messages))
-        return PromptInput("messages", chat=chat, checked_as="messages")
+        kwargs = messages_input.thinking_kwargs(self.thinking)
+        return PromptInput("messages", chat=chat, checked_as="messages", template_kwargs=kwargs)
 
     def tool_use(self) -> ToolUse | None:
         return messages_input.tool_use(self.tools, self.tool_choice)

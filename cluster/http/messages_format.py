@@ -1,14 +1,18 @@
 """Anthropic Messages API answers built from engine RequestOutputs (plain dicts).
 
 A message's `content` is a list of blocks: `text` blocks and `tool_use` blocks
-(`{id, name, input}`). The model's text becomes blocks in the order it is written: text opens
-a text block, a call closes it and adds a tool_use block, text after a call opens a new text
-block. With tools (not tool_choice "none") the text is read by chat's tool-call parser
+(`{id, name, input}`), after one `thinking` block (`{thinking, signature: ""}`) when a
+reasoning parser is on and the model thought (cluster/ingress/reasoning.py). The model's
+answer becomes blocks in the order it is written: text opens a text block, a call closes it
+and adds a tool_use block, text after a call opens a new text block. With tools (not
+tool_choice "none") the answer is read by chat's tool-call parser
 (cluster/ingress/tool_calls.py), so the calls are those the chat API would return. A streamed
 message and a whole one are built by the same `ContentBlocks`, so they hold the same blocks;
 streamed, each change is also an event, in Anthropic's order:
 
     message_start (the message, empty, stop_reason null), ping
+    thinking block:     content_block_start, content_block_delta (thinking_delta) ...,
+                        content_block_delta (signature_delta, ""), content_block_stop
     per text block:     content_block_start, content_block_delta (text_delta) ...,
                         content_block_stop
     per tool_use block: content_block_start (input {}), content_block_delta
@@ -37,7 +41,9 @@ from cluster.errors import KvrayError
 from cluster.http import messages_errors
 from cluster.http.messages_input import tool_input
 from cluster.http.streams import close_all
-from cluster.ingress.tool_calls import ToolCall, ToolCallParser
+from cluster.ingress.output_parsing import Reasoning
+from cluster.ingress.reasoning import AnswerReader, Thought
+from cluster.ingress.tool_calls import ToolCall
 from cluster.ingress.tools import ToolUse
 from workers.outputs import CompletionOutput, RequestOutput
 
@@ -71,46 +77,50 @@ class ContentBlocks:
     """A message's content blocks, built as the model's text arrives; with `record`, each
     change is also kept as the stream events describing it (`events`)."""
 
-    def __init__(self, parser: ToolCallParser | None, record: bool) -> None:
-        self.parser = parser  # None: all of the output is text
+    def __init__(self, reader: AnswerReader, record: bool) -> None:
+        self.reader = reader  # the reasoning split off, the answer read for calls
         self.record = record
         self.blocks: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.calls = 0
-        self._text: dict[str, Any] | None = None  # the open text block
+        self._open: dict[str, Any] | None = None  # the open text or thinking block
 
     def feed(self, text: str, finished: bool) -> None:
-        """The model's new text: all of it text, or read for tool calls."""
-        if self.parser is None:
-            self._add_text(text)
-        else:
-            events = self.parser.feed(text) + (self.parser.finish() if finished else [])
-            for e in events:
-                if isinstance(e, ToolCall):
-                    self._add_call(e)
-                else:
-                    self._add_text(e)
+        """The model's new text: its thinking, then its answer's text and calls."""
+        for e in self.reader.feed(text, finished):
+            if isinstance(e, ToolCall):
+                self._add_call(e)
+            elif isinstance(e, Thought):
+                self._add("thinking", e.text)
+            else:
+                self._add("text", e)
         if finished:
-            self._close_text()
+            self._close()
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.record:
             self.events.append({"type": kind, **fields})
 
-    def _add_text(self, delta: str) -> None:
+    def _add(self, kind: str, delta: str) -> None:
+        """Text into the open block of `kind` (a text or thinking block), opened if need be."""
         if not delta:
             return
-        if self._text is None:
-            self._text = {"type": "text", "text": ""}
-            self.blocks.append(self._text)
-            self._emit("content_block_start", index=self._index, content_block=dict(self._text))
-        self._text["text"] += delta
+        block = self._open
+        if block is None or block["type"] != kind:
+            self._close()  # the thinking ends where the answer starts
+            block = {"type": kind, kind: ""}
+            if kind == "thinking":
+                block["signature"] = ""  # kvray does not sign its reasoning
+            self._open = block
+            self.blocks.append(block)
+            self._emit("content_block_start", index=self._index, content_block=dict(block))
+        block[kind] += delta
         self._emit(
-            "content_block_delta", index=self._index, delta={"type": "text_delta", "text": delta}
+            "content_block_delta", index=self._index, delta={"type": f"{kind}_delta", kind: delta}
         )
 
     def _add_call(self, call: ToolCall) -> None:
-        self._close_text()
+        self._close()
         self.calls += 1
         block = {
             "type": "tool_use",
@@ -124,10 +134,14 @@ class ContentBlocks:
         self._emit("content_block_delta", index=self._index, delta=delta)
         self._emit("content_block_stop", index=self._index)
 
-    def _close_text(self) -> None:
-        if self._text is not None:
-            self._text = None
-            self._emit("content_block_stop", index=self._index)
+    def _close(self) -> None:
+        block, self._open = self._open, None
+        if block is None:
+            return
+        if block["type"] == "thinking":  # Anthropic ends a thinking block with its signature
+            delta = {"type": "signature_delta", "signature": block["signature"]}
+            self._emit("content_block_delta", index=self._index, delta=delta)
+        self._emit("content_block_stop", index=self._index)
 
     @property
     def _index(self) -> int:
@@ -136,19 +150,28 @@ class ContentBlocks:
 
 class MessagesFormatter:
     """Builds one Messages request's answer: the Message (`response`), or its stream events
-    (`start`, then `chunks` per engine output). `input_tokens`: the prompt's length."""
+    (`start`, then `chunks` per engine output). `input_tokens`: the prompt's length;
+    `reasoning`: the request's reasoning (None: no reasoning parser)."""
 
-    def __init__(self, model: str, tools: ToolUse | None, input_tokens: int) -> None:
+    def __init__(
+        self,
+        model: str,
+        tools: ToolUse | None,
+        input_tokens: int,
+        reasoning: Reasoning | None = None,
+    ) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"  # also the engine request's id
         self.model = model
         self.tools = tools if tools is not None and tools.parses else None
         self.input_tokens = input_tokens
+        self.reasoning = reasoning
         self.finished = False  # the stream's last event went out
-        self._blocks = ContentBlocks(self._parser(), record=True)  # the streamed message's
+        self._blocks = ContentBlocks(self._reader(), record=True)  # the streamed message's
         self._output_tokens = 0
 
-    def _parser(self) -> ToolCallParser | None:
-        return self.tools.parser() if self.tools is not None else None
+    def _reader(self) -> AnswerReader:
+        parser = self.tools.parser() if self.tools is not None else None
+        return AnswerReader(self.reasoning, parser)
 
     def message(
         self,
@@ -172,7 +195,7 @@ class MessagesFormatter:
         """The non-streamed Message from the final output (a message has one prompt)."""
         (out,) = finals
         c = out.outputs[0]
-        blocks = ContentBlocks(self._parser(), record=False)
+        blocks = ContentBlocks(self._reader(), record=False)
         blocks.feed(c.text, finished=True)
         reason, sequence = stop_reason(c, blocks.calls)
         return self.message(blocks.blocks, reason, sequence, len(c.token_ids))

@@ -20,6 +20,12 @@ what the chat path takes: template messages and a checked `ToolUse`.
   `disable_parallel_tool_use` chat's `parallel_tool_calls: false`; the grammar and parser
   are chat's (cluster/ingress/tools.py).
 
+- `thinking`: `{"type": "enabled", "budget_tokens": N}` or `{"type": "adaptive"}` is the chat
+  template variable `enable_thinking: true`, `{"type": "disabled"}` is `false` (Qwen3's
+  templates read it; others ignore it). `budget_tokens` (a positive integer) is accepted and
+  not enforced: `max_tokens` bounds the thinking and the answer together. `display` is
+  accepted; the thinking is always shown.
+
 Errors name the field with Anthropic's dotted paths (`messages.0.content.1.tool_use_id`).
 """
 
@@ -35,6 +41,8 @@ from cluster.ingress.tools import MAX_TOOLS, Tool, ToolUse, make_choice, make_to
 ROLES = ("user", "assistant")
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # earlier turns' reasoning
 CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
+THINKING = ("enabled", "adaptive", "disabled")
+THINKING_DISPLAY = (None, "summarized", "omitted")
 
 
 def _fail(field: str, message: str) -> InvalidRequestError:
@@ -180,6 +188,24 @@ def _tool_use(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(args, Mapping):
         raise _fail(f"{where}.input", "must be an object")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": dict(args)}}
+
+
+def thinking_kwargs(thinking: Any) -> dict[str, Any] | None:
+    """`thinking` as chat template variables (module doc); None when unset."""
+    if thinking is None:
+        return None
+    if not isinstance(thinking, Mapping):
+        raise _fail("thinking", "must be an object")
+    kind = thinking.get("type")
+    if kind not in THINKING:
+        raise _fail("thinking.type", f"must be one of {', '.join(THINKING)}; got {kind!r}")
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise _fail("thinking.budget_tokens", "must be a positive integer")
+    if thinking.get("display") not in THINKING_DISPLAY:
+        raise _fail("thinking.display", "must be 'summarized' or 'omitted'")
+    return {"enable_thinking": kind != "disabled"}
 
 
 # -- tools ------------------------------------------------------------------------------------

@@ -80,7 +80,9 @@ def add_messages_routes(app: FastAPI, ingress: Ingress) -> None:
             ingress.preparer, body, lora=target.lora, tenant=current_tenant()
         )
         prompt_tokens = len(prepared.inputs[0].prompt_token_ids)
-        fmt = MessagesFormatter(target.name, prepared.tool_use, prompt_tokens)
+        fmt = MessagesFormatter(
+            target.name, prepared.tool_use, prompt_tokens, prepared.outputs.reasoning
+        )
         return await ingress.run(fmt, prepared, False, frames=sse_events)
 
     @app.post("/v1/messages/count_tokens", responses=ERRORS_DOC)

@@ -9,6 +9,8 @@ because clients already send them; completions' `echo` (and `max_tokens: 0` with
 cluster/http/echo.py.
 Output constraints (`response_format`, vLLM's `structured_outputs` and `guided_*`) and chat
 tools are read by cluster/ingress/structured.py and cluster/ingress/tools.py, shared with gRPC.
+`chat_template_kwargs` (vLLM's: extra variables for the chat template, e.g. Qwen3's
+`enable_thinking`) is checked by `template_kwargs`, shared with /v1/responses.
 Each body is a `cluster.ingress.prepare.Source`: the shared preparation reads it, each part
 once, into the engine's inputs.
 """
@@ -30,6 +32,17 @@ from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict floats still take JSON integers
 Bool = Annotated[bool, Strict()]  # not 0/1 or "true"
+
+
+def template_kwargs(value: Any, field: str = "chat_template_kwargs") -> dict[str, Any] | None:
+    """A request's chat template variables: an object with string keys (None: unset). Which
+    names the template's caller sets itself is checked where the template runs
+    (cluster/ingress/prompts.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InvalidRequestError(field, f"{field} must be an object with string keys")
+    return dict(value)
 
 
 class StreamOptions(BaseModel):
@@ -253,6 +266,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     add_generation_prompt: Bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: the template's variables
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
@@ -265,6 +279,7 @@ class ChatCompletionRequest(_SamplingFields):
             chat=self.template_messages(),
             add_generation_prompt=self.add_generation_prompt,
             checked_as="messages",
+            template_kwargs=template_kwargs(self.chat_template_kwargs),
         )
 
     def tool_use(self) -> tools.ToolUse | None:
@@ -294,6 +309,7 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_generation_prompt: Bool = True
     tools: list[Any] | None = None  # listed by the chat template, as for a chat request
+    chat_template_kwargs: dict[str, Any] | None = None  # as for a chat request
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         use = tools.tool_use(self.tools, None, None)

@@ -3,9 +3,10 @@
 A `ResponsesRequest` is a `cluster.ingress.prepare.Source`, like a chat body: its `input` and
 `instructions` become the chat template's messages, its flat function tools and tool_choice
 become chat's `ToolUse`, `text.format` the output constraint, and `max_output_tokens`,
-`temperature`, `top_p` and `seed` the SamplingParams (cluster/http/responses_input.py). The
-shared `Preparer` then checks it into the engine's inputs exactly as it does a chat request,
-and the ingress routes it the same way (admission, limits, routing, metrics).
+`temperature`, `top_p` and `seed` the SamplingParams (cluster/http/responses_input.py), and
+`chat_template_kwargs` (vLLM's, as on chat: e.g. `{"enable_thinking": false}`) the template's
+variables. The shared `Preparer` then checks it into the engine's inputs exactly as it does a
+chat request, and the ingress routes it the same way (admission, limits, routing, metrics).
 
 kvray is stateless: it stores no responses. `store` is accepted (and nothing is stored);
 what needs stored state (`previous_response_id`, `conversation`, `background`) is a 400, and
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cluster.errors import InvalidRequestError
 from cluster.http import responses_input
-from cluster.http.protocol import Bool, Float, Int
+from cluster.http.protocol import Bool, Float, Int, template_kwargs
 from cluster.ingress.limits import RequestLimits
 from cluster.ingress.prepare import Prepared, Preparer, PromptInput
 from cluster.ingress.structured import Constraint
@@ -77,6 +78,7 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None  # prefix caching needs no key
     priority: Int = 0  # vLLM's: the engine's queue priority, lower is more urgent
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: the template's variables
 
     def check_fields(self) -> None:
         """400 naming the first field kvray does not act on (module doc)."""
@@ -106,7 +108,12 @@ class ResponsesRequest(BaseModel):
     def prompt_input(self, limits: RequestLimits) -> PromptInput:
         messages = responses_input.input_messages(self.input, self.instructions)
         limits.check_messages(len(messages), "input")
-        return PromptInput("input", chat=messages, checked_as="input")
+        return PromptInput(
+            "input",
+            chat=messages,
+            checked_as="input",
+            template_kwargs=template_kwargs(self.chat_template_kwargs),
+        )
 
     def sampling_kwargs(self) -> dict[str, Any]:
         # max_tokens None: the rest of the context, as for chat.

@@ -1,15 +1,19 @@
 """Responses API objects and stream events built from engine RequestOutputs (plain dicts).
 
 A response's `output` is a list of items: `message` items (the assistant's text, one
-`output_text` part) and `function_call` items (one per call). The model's text becomes
-items in the order it is written: text opens a message item, a call closes it and adds a
-function_call item, text after a call opens a new message. With tools (not tool_choice
-"none") the text is read by chat's tool-call parser (cluster/ingress/tool_calls.py), so
-calls are the same calls the chat API would return. A streamed response and a whole one are
-built by the same `OutputItems`, so they hold the same items; streamed, each change is also
-an event:
+`output_text` part) and `function_call` items (one per call), after one `reasoning` item
+(the thinking, one `reasoning_text` part; `summary` is empty) when a reasoning parser is on
+and the model thought (cluster/ingress/reasoning.py). The model's text becomes items in the
+order it is written: text opens a message item, a call closes it and adds a function_call
+item, text after a call opens a new message. With tools (not tool_choice "none") the answer
+is read by chat's tool-call parser (cluster/ingress/tool_calls.py), so calls are the same
+calls the chat API would return. A streamed response and a whole one are built by the same
+`OutputItems`, so they hold the same items; streamed, each change is also an event:
 
     response.created, response.in_progress
+    reasoning:    response.output_item.added, response.content_part.added,
+                  response.reasoning_text.delta ..., response.reasoning_text.done,
+                  response.content_part.done, response.output_item.done
     per message:  response.output_item.added, response.content_part.added,
                   response.output_text.delta ..., response.output_text.done,
                   response.content_part.done, response.output_item.done
@@ -32,7 +36,9 @@ from typing import Any
 
 from cluster.errors import KvrayError
 from cluster.http.streams import close_all
-from cluster.ingress.tool_calls import ToolCall, ToolCallParser
+from cluster.ingress.output_parsing import Reasoning
+from cluster.ingress.reasoning import AnswerReader, Thought
+from cluster.ingress.tool_calls import ToolCall
 from cluster.ingress.tools import ToolUse
 from workers.outputs import RequestOutput
 
@@ -80,7 +86,7 @@ class OutputItems:
         self.items: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.record = record
-        self._message: dict[str, Any] | None = None  # the open message item
+        self._open: dict[str, Any] | None = None  # the open message or reasoning item
         self._index = -1  # its output_index
 
     def _emit(self, kind: str, **fields: Any) -> None:
@@ -88,18 +94,24 @@ class OutputItems:
             self.events.append({"type": kind, **fields})
 
     def text(self, delta: str) -> None:
+        self._add("message", delta)
+
+    def reasoning(self, delta: str) -> None:
+        self._add("reasoning", delta)
+
+    def _add(self, kind: str, delta: str) -> None:
         if not delta:
             return
-        message = self._message if self._message is not None else self._open_message()
-        message["content"][0]["text"] += delta
-        self._emit(
-            "response.output_text.delta",
-            item_id=message["id"],
-            output_index=self._index,
-            content_index=0,
-            delta=delta,
-            logprobs=[],
-        )
+        item = self._open
+        if item is None or item["type"] != kind:
+            self.close("completed")  # the reasoning ends where the answer starts
+            item = self._open_item(kind)
+        item["content"][0]["text"] += delta
+        where = {"item_id": item["id"], "output_index": self._index, "content_index": 0}
+        if kind == "message":
+            self._emit("response.output_text.delta", **where, delta=delta, logprobs=[])
+        else:
+            self._emit("response.reasoning_text.delta", **where, delta=delta)
 
     def call(self, call: ToolCall) -> None:
         """A whole call: kvray sends a call once it is complete, its arguments in one delta."""
@@ -122,59 +134,73 @@ class OutputItems:
         self._emit("response.output_item.done", output_index=index, item=dict(item))
 
     def finish(self, status: str) -> None:
-        """The end of the output: the open message closes with `status` (an output of nothing
-        is one empty message, so `output_text` is "")."""
+        """The end of the output: the open item closes with `status` (an output of nothing
+        is one empty message, so `output_text` is ""; one that ended while the model was
+        thinking is its reasoning item alone)."""
         if not self.items:
-            self._open_message()
+            self._open_item("message")
         self.close(status)
 
     def close(self, status: str) -> None:
-        message, self._message = self._message, None
-        if message is None:
+        item, self._open = self._open, None
+        if item is None:
             return
-        message["status"] = status
-        part = message["content"][0]
-        where = {"item_id": message["id"], "output_index": self._index, "content_index": 0}
-        self._emit("response.output_text.done", **where, text=part["text"], logprobs=[])
+        item["status"] = status
+        part = item["content"][0]
+        where = {"item_id": item["id"], "output_index": self._index, "content_index": 0}
+        if item["type"] == "message":
+            self._emit("response.output_text.done", **where, text=part["text"], logprobs=[])
+        else:
+            self._emit("response.reasoning_text.done", **where, text=part["text"])
         self._emit("response.content_part.done", **where, part=dict(part))
-        self._emit("response.output_item.done", output_index=self._index, item=_copy(message))
+        self._emit("response.output_item.done", output_index=self._index, item=_copy(item))
 
-    def _open_message(self) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "id": f"msg_{uuid.uuid4().hex}",
-            "type": "message",
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
-        self.items.append(message)
-        self._message, self._index = message, len(self.items) - 1
-        self._emit("response.output_item.added", output_index=self._index, item=_copy(message))
-        part = {"type": "output_text", "text": "", "annotations": []}
-        message["content"].append(part)
-        where = {"item_id": message["id"], "output_index": self._index, "content_index": 0}
+    def _open_item(self, kind: str) -> dict[str, Any]:
+        """A new message (one output_text part) or reasoning item (one reasoning_text part)."""
+        item: dict[str, Any]
+        if kind == "message":
+            item = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant"}
+            part = {"type": "output_text", "text": "", "annotations": []}
+        else:
+            item = {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": []}
+            part = {"type": "reasoning_text", "text": ""}
+        item.update(status="in_progress", content=[])
+        self.items.append(item)
+        self._open, self._index = item, len(self.items) - 1
+        self._emit("response.output_item.added", output_index=self._index, item=_copy(item))
+        item["content"].append(part)
+        where = {"item_id": item["id"], "output_index": self._index, "content_index": 0}
         self._emit("response.content_part.added", **where, part=dict(part))
-        return message
+        return item
 
 
 class ResponsesFormatter:
     """Builds one Responses request's answer: the Response object (`response`), or its
     stream events (`start`, then `chunks` per engine output). `echo` holds the request's
-    settings as the object repeats them (ResponsesRequest.echo)."""
+    settings as the object repeats them (ResponsesRequest.echo); `reasoning`: the request's
+    reasoning (None: no reasoning parser)."""
 
-    def __init__(self, echo: dict[str, Any], model: str, tools: ToolUse | None) -> None:
+    def __init__(
+        self,
+        echo: dict[str, Any],
+        model: str,
+        tools: ToolUse | None,
+        reasoning: Reasoning | None = None,
+    ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"  # also the engine request's id
         self.model = model
         self.echo = echo
         self.tools = tools if tools is not None and tools.parses else None
+        self.reasoning = reasoning
         self.created_at = int(time.time())
         self.finished = False  # the stream's last event went out
         self._sequence = 0
         self._items = OutputItems(record=True)  # the streamed response's
-        self._parser = self._new_parser()
+        self._reader = self._new_reader()
 
-    def _new_parser(self) -> ToolCallParser | None:
-        return self.tools.parser() if self.tools is not None else None
+    def _new_reader(self) -> AnswerReader:
+        parser = self.tools.parser() if self.tools is not None else None
+        return AnswerReader(self.reasoning, parser)
 
     def body(
         self,
@@ -203,7 +229,7 @@ class ResponsesFormatter:
         """The non-streamed Response from the final output (a response has one prompt)."""
         (out,) = finals
         items = OutputItems(record=False)
-        _feed(items, self._new_parser(), out.outputs[0].text, finished=True)
+        _feed(items, self._new_reader(), out.outputs[0].text, finished=True)
         return self._final(items, out)
 
     def _final(self, items: OutputItems, out: RequestOutput) -> dict[str, Any]:
@@ -227,7 +253,7 @@ class ResponsesFormatter:
             return []
         c = out.outputs[0]
         done = c.finish_reason is not None
-        _feed(self._items, self._parser, c.delta_text, finished=done)
+        _feed(self._items, self._reader, c.delta_text, finished=done)
         final = self._final(self._items, out) if done else None
         frames = [self.event(e.pop("type"), **e) for e in self._items.events]
         self._items.events.clear()
@@ -248,15 +274,13 @@ class ResponsesFormatter:
         return f"event: {kind}\ndata: {data}\n\n"
 
 
-def _feed(items: OutputItems, parser: ToolCallParser | None, text: str, finished: bool) -> None:
-    """The model's new text into items: all of it text, or read for tool calls."""
-    if parser is None:
-        items.text(text)
-        return
-    events = parser.feed(text) + (parser.finish() if finished else [])
-    for e in events:
+def _feed(items: OutputItems, reader: AnswerReader, text: str, finished: bool) -> None:
+    """The model's new text into items: its reasoning, then its answer's text and calls."""
+    for e in reader.feed(text, finished):
         if isinstance(e, ToolCall):
             items.call(e)
+        elif isinstance(e, Thought):
+            items.reasoning(e.text)
         else:
             items.text(e)
 

@@ -6,9 +6,11 @@ developer or assistant; content a string or `input_text` / `output_text` parts),
 halves of a tool round-trip — `function_call` items (what the model called, as a previous
 response returned them) and `function_call_output` items (what the caller's function gave
 back). Consecutive calls join the assistant turn before them, as one chat assistant message
-with `tool_calls`; an output becomes a `tool` message answering its `call_id`. Anything else
-(images, files, reasoning, item references, built-in tools' items) is a 400 naming where it
-is, since dropping it would answer a different conversation than the one sent.
+with `tool_calls`; an output becomes a `tool` message answering its `call_id`. `reasoning`
+items (an earlier response's thinking, sent back as clients do) are dropped: chat templates
+leave earlier turns' reasoning out of the prompt too. Anything else (images, files, item
+references, built-in tools' items) is a 400 naming where it is, since dropping it would
+answer a different conversation than the one sent.
 
 Responses tools are flat (`{"type": "function", "name", "parameters", ...}`, not chat's
 nested `function` object) and `tool_choice` names its function as `{"type": "function",
@@ -66,6 +68,8 @@ def input_messages(value: str | Sequence[Any], instructions: str | None) -> list
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "reasoning":
+            continue  # earlier turns' thinking is not part of the prompt (module doc)
         elif kind == "function_call_output":
             call_id = _string(item, "call_id", where)
             tool = {"role": "tool", "tool_call_id": call_id, "content": _output(item, where)}
@@ -80,9 +84,11 @@ def input_messages(value: str | Sequence[Any], instructions: str | None) -> list
             )
             raise InvalidRequestError(
                 f"{where}.type",
-                f"{where}.type {kind!r} is not supported; use message, function_call or "
-                f"function_call_output items{hint}",
+                f"{where}.type {kind!r} is not supported; use message, function_call, "
+                f"function_call_output or reasoning items{hint}",
             )
+    if not out:  # reasoning items alone: nothing for the model to answer
+        raise InvalidRequestError("input", "input holds no message or function call items")
     return out
 
 

@@ -60,5 +60,10 @@ def add_responses_route(app: FastAPI, ingress: Ingress) -> None:
         prepared = await responses.prepare(
             ingress.preparer, body, lora=target.lora, tenant=current_tenant()
         )
-        fmt = ResponsesFormatter(body.echo(prepared.tool_use), target.name, prepared.tool_use)
+        fmt = ResponsesFormatter(
+            body.echo(prepared.tool_use),
+            target.name,
+            prepared.tool_use,
+            prepared.outputs.reasoning,  # None: no reasoning parser
+        )
         return await ingress.run(fmt, prepared, False, frames=sse_events)

@@ -1,34 +1,42 @@
-"""Chat deltas of a streamed choice whose output is read for tool calls.
+"""Chat deltas of a streamed choice whose output is read for tool calls or reasoning.
 
 The official `openai` client (and its `chat.completions.stream` helper) assembles a call from
 deltas keyed by `index`: the first carries `id`, `type` and `function.name` (arguments ""),
 later ones append to `function.arguments`. Each call is sent that way once it is whole
 (cluster/ingress/tool_calls.py decides when), in two deltas; content text between calls is
-sent as ordinary `content` deltas.
+sent as ordinary `content` deltas. With a reasoning parser on, the thinking comes first, as
+`reasoning_content` deltas (vLLM's field), and calls are read from the answer after it only
+(cluster/ingress/reasoning.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster.ingress.tool_calls import ToolCall, ToolCallParser, finish_reason
+from cluster.ingress.output_parsing import Reasoning
+from cluster.ingress.reasoning import AnswerReader, Thought
+from cluster.ingress.tool_calls import ToolCall, ToolCallReader, finish_reason
 
 
 class ToolStream:
-    """The deltas of one choice; `calls` counts the calls sent (the next call's index)."""
+    """The deltas of one choice; `calls` counts the calls sent (the next call's index).
+    `parser`: the choice's tool-call reader (None: no tools); `reasoning`: the request's
+    reasoning (None: the parser is off)."""
 
-    def __init__(self, parser: ToolCallParser) -> None:
-        self.parser = parser
+    def __init__(self, parser: ToolCallReader | None, reasoning: Reasoning | None = None) -> None:
+        self.reader = AnswerReader(reasoning, parser)
         self.calls = 0
 
     def deltas(self, text: str, finished: bool) -> list[dict[str, Any]]:
-        events = self.parser.feed(text)
-        if finished:
-            events += self.parser.finish()
         out: list[dict[str, Any]] = []
-        for e in events:
+        for e in self.reader.feed(text, finished):
             if isinstance(e, ToolCall):
                 out.extend(self._call(e))
+            elif isinstance(e, Thought):
+                if out and "reasoning_content" in out[-1]:
+                    out[-1]["reasoning_content"] += e.text
+                else:
+                    out.append({"reasoning_content": e.text})
             elif out and "content" in out[-1]:
                 out[-1]["content"] += e
             else:

@@ -13,6 +13,8 @@ runs the steps every generation request takes, in this order, each once:
 7. token ids (text tokenized; chat rendered by the template, which lists the tools), checked
    against the served model into the engine's inputs: the final ones, under the adapter the
    request's `model` names and for its tenant (nothing downstream changes them)
+8. a chat's reasoning (with a reasoning parser on, cluster/ingress/output_parsing.py): where
+   its output starts, and a constraint made to wait for the reasoning's end
 
 A failure is an InvalidRequestError naming the field as the client wrote it (HTTP 400, gRPC
 INVALID_ARGUMENT), raised before anything is routed. The result (`Prepared`) carries the
@@ -23,11 +25,12 @@ parses them again; `Prepared.requests` gives the GenerateRequests to route.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.ingress import checks, structured
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
+from cluster.ingress.output_parsing import OutputParsing, Reasoning
 from cluster.ingress.prompts import Prompts
 from cluster.ingress.structured import Constraint
 from cluster.ingress.tools import ToolUse
@@ -50,6 +53,8 @@ class PromptInput:
     chat: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     checked_as: str = "prompt"  # what the engine's input check names (HTTP chat: "messages")
+    # Extra variables for the chat template (`chat_template_kwargs`, e.g. enable_thinking).
+    template_kwargs: dict[str, Any] | None = None
 
 
 class Source(Protocol):
@@ -90,10 +95,12 @@ class Source(Protocol):
 @dataclass(frozen=True)
 class Outputs:
     """What a request asks of its output, each parsed once: its tool use (None without
-    tools) and its output constraint (None: unconstrained)."""
+    tools), its output constraint (None: unconstrained) and, for a chat with a reasoning parser
+    on, where its reasoning is (None: no reasoning is read)."""
 
     tool_use: ToolUse | None
     constraint: Constraint | None
+    reasoning: Reasoning | None = None
 
 
 @dataclass(frozen=True)
@@ -149,16 +156,26 @@ class InputCheckers(Protocol):
     async def input_checker(self) -> InputChecker: ...
 
 
+# Tool-call formats whose markers are special tokens (kept in the text when a request's
+# output is read for calls, as vLLM does).
+SPECIAL_TOKEN_FORMATS = frozenset({"mistral"})
+
+
 class Preparer:
     """The shared preparation of one ingress replica: its tokenizer, the served model's
     input checker (`client`: LLMClient) and the deployment's request limits."""
 
     def __init__(
-        self, prompts: Prompts, client: InputCheckers, limits: RequestLimits = DEFAULT_LIMITS
+        self,
+        prompts: Prompts,
+        client: InputCheckers,
+        limits: RequestLimits = DEFAULT_LIMITS,
+        parsing: OutputParsing | None = None,
     ) -> None:
         self.prompts = prompts
         self.client = client
         self.limits = limits
+        self.parsing = parsing or OutputParsing()
 
     async def prepare(
         self, source: Source, *, lora: LoRARequest | None = None, tenant: str | None = None
@@ -169,6 +186,7 @@ class Preparer:
         params, outputs = read_sampling(source, self.limits)
         await self.check_compiles(outputs, source)
         token_ids = await self.token_ids(prompt, outputs.tool_use)
+        params, outputs = self.read_answer(prompt, token_ids, params, outputs)
         checker = await self.client.input_checker()
         inputs = checks.engine_inputs(
             checker,
@@ -180,6 +198,37 @@ class Preparer:
             tenant=tenant,
         )
         return Prepared(params, inputs, outputs)
+
+    def read_answer(
+        self,
+        prompt: PromptInput,
+        token_ids: list[list[int]],
+        params: SamplingParams,
+        outputs: Outputs,
+    ) -> tuple[SamplingParams, Outputs]:
+        """Step 8, and the deployment's tool-call format on the tool use: a chat's reasoning
+        is read from its prompt, and when its output starts inside the reasoning, its
+        constraint waits for the reasoning's end (the grammar shapes the answer, not the
+        thinking)."""
+        use = outputs.tool_use
+        if use is not None and use.format != self.parsing.tool_format:
+            use = replace(use, format=self.parsing.tool_format)
+            outputs = replace(outputs, tool_use=use)
+        if use is not None and use.parses and use.format in SPECIAL_TOKEN_FORMATS:
+            # Mistral's [TOOL_CALLS] is a special token: the text must keep it to be read.
+            params = replace(params, skip_special_tokens=False)
+        if prompt.chat is None:
+            return params, outputs
+        reasoning = self.parsing.reasoning_for(token_ids[0])
+        if reasoning is None:
+            return params, outputs
+        spec = params.structured_outputs
+        # Only an output that starts inside the reasoning waits for its end. One that may open
+        # a block (Qwen3's own <think>) is constrained at once: a grammar waiting for a block
+        # the model never opens would leave the answer unconstrained.
+        if spec is not None and reasoning.inside:
+            params = replace(params, structured_outputs=spec.starting_after(self.parsing.end_ids))
+        return params, replace(outputs, reasoning=reasoning)
 
     async def check_compiles(self, outputs: Outputs, source: Source) -> None:
         """Every tool's parameter schema compiles (whatever tool_choice is, so a bad schema
@@ -196,6 +245,10 @@ class Preparer:
             return await self.prompts.batch(prompt.batch, prompt.field)
         tools = tool_use.template_tools() if tool_use is not None else None
         ids = await self.prompts.chat(
-            prompt.chat, prompt.add_generation_prompt, field=prompt.field, tools=tools
+            prompt.chat,
+            prompt.add_generation_prompt,
+            field=prompt.field,
+            tools=tools,
+            template_kwargs=prompt.template_kwargs,
         )
         return [ids]

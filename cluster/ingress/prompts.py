@@ -22,6 +22,29 @@ T = TypeVar("T")
 OFF_LOOP_CHARS = 16384
 
 
+# What the template's caller sets itself (transformers' apply_chat_template arguments): a
+# request's chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
 class Prompts:
     """Token ids of prompts, with the served checkpoint's tokenizer."""
 
@@ -43,11 +66,21 @@ class Prompts:
         add_generation_prompt: bool = True,
         field: str = "messages",
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """The chat rendered with the checkpoint's template, as token ids; `tools` (OpenAI
-        tool dicts) are passed to the template, which lists them for the model."""
+        tool dicts) are passed to the template, which lists them for the model, and so are
+        `template_kwargs` (the request's `chat_template_kwargs`, e.g. enable_thinking), which
+        cannot replace the variables set here."""
         size = sum(len(m.get("content") or "") for m in messages)
-        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt}
+        taken = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
+        if taken:
+            raise InvalidRequestError(
+                "chat_template_kwargs",
+                f"chat_template_kwargs cannot set {', '.join(taken)} (the request sets it)",
+            )
+        kwargs: dict[str, Any] = dict(template_kwargs or {})
+        kwargs["add_generation_prompt"] = add_generation_prompt
         if tools:
             kwargs["tools"] = tools
             size += sum(len(str(t)) for t in tools)

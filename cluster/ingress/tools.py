@@ -22,6 +22,7 @@ from typing import Any
 from cluster.errors import InvalidRequestError
 from cluster.ingress.structured import Constraint, schema_constraint
 from cluster.ingress.tool_calls import ToolCallParser
+from cluster.ingress.tool_formats import make_tool_parser
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -65,6 +66,9 @@ class ToolUse:
     tools: tuple[Tool, ...]
     choice: ToolChoice
     parallel: bool = True
+    # How the model writes calls with tool_choice "auto" (cluster/ingress/tool_formats/): the
+    # deployment's tool_call_parser, set by the Preparer (cluster/ingress/prepare.py).
+    format: str = "hermes"
 
     @property
     def parses(self) -> bool:
@@ -80,7 +84,10 @@ class ToolUse:
     def parser(self) -> ToolCallParser:
         """A reader of one choice's output for this request's calls."""
         most = None if self.parallel and self.choice.mode != "named" else 1
-        return ToolCallParser(self.names(), self.choice.constrained, most)
+        parameters = {t.name: t.parameters for t in self.tools}
+        return make_tool_parser(
+            self.format, self.names(), self.choice.constrained, most, parameters
+        )
 
     def parameter_constraints(self, field_of: Callable[[int], str]) -> list[Constraint]:
         """Each tool's parameters as a constraint, named `field_of(i)`: the ingress checks

@@ -6,16 +6,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from cluster.http.format import SSE_DONE, Formatter, request_usage, sse
+from cluster.ingress.output_parsing import Reasoning
 from cluster.ingress.token_text import TokenStrings
 from workers.outputs import CompletionOutput, RequestOutput
 
 TOKENS = TokenStrings(lambda ids: f"<{ids[0]}>")
 
 
-def _fmt(kind: str, n: int = 1, top: int | None = None) -> Formatter:
-    return Formatter(kind, "id-1", "kvray-demo", n, top, TOKENS)
+def _fmt(
+    kind: str, n: int = 1, top: int | None = None, reasoning: Reasoning | None = None
+) -> Formatter:
+    return Formatter(kind, "id-1", "kvray-demo", n, top, TOKENS, reasoning=reasoning)
 
 
 def _final(*completions: CompletionOutput, prompt: int = 3, cached: int = 0) -> RequestOutput:
@@ -80,6 +85,7 @@ def test_chat_response_is_an_assistant_message() -> None:
     body = _fmt("chat").response([_final(CompletionOutput(0, "hi there", [4, 5], "stop"))])
     assert body["object"] == "chat.completion"
     (choice,) = body["choices"]
+    # Without a reasoning parser a message has no reasoning field, whatever it holds.
     assert choice["message"] == {"role": "assistant", "content": "hi there"}
     assert choice["finish_reason"] == "stop" and choice["logprobs"] is None
 
@@ -183,3 +189,80 @@ def test_sse_frames_are_compact_json(text: str) -> None:
     )
     assert json.loads(frame[6:]) == {"text": text}
     assert SSE_DONE == "data: [DONE]\n\n"
+
+
+# -- reasoning (a reasoning parser on) --------------------------------------------------------
+
+QWEN3 = Reasoning("qwen3", inside=False, may_open=True)
+R1 = Reasoning("deepseek_r1", inside=True)
+THOUGHT = "<think>\nTwo and two.\n</think>\n\nFour."
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "text", "thought", "content", "finish"),
+    [
+        (QWEN3, THOUGHT, "Two and two.", "Four.", "stop"),
+        (QWEN3, "Four.", None, "Four.", "stop"),  # answered without thinking
+        (R1, "Two and two.</think>Four.", "Two and two.", "Four.", "stop"),
+        (R1, "Two and", "Two and", None, "length"),  # cut off while thinking
+    ],
+)
+def test_chat_messages_carry_the_reasoning_apart(
+    reasoning: Reasoning, text: str, thought: str | None, content: str | None, finish: str
+) -> None:
+    out = _final(CompletionOutput(0, text, [1, 2], finish))
+    body = _fmt("chat", reasoning=reasoning).response([out])
+    (choice,) = body["choices"]
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": content,
+        "reasoning_content": thought,
+    }
+    assert choice["finish_reason"] == finish
+    parsed = ChatCompletion.model_validate(body).choices[0].message
+    assert parsed.content == content and parsed.model_extra == {"reasoning_content": thought}
+
+
+def _chat_stream(fmt: Formatter, text: str, size: int, n: int = 1) -> list[dict]:
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    frames: list[str] = []
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        cs = [
+            CompletionOutput(k, "", [], "stop" if last else None, delta_text=piece)
+            for k in range(n)
+        ]
+        frames += fmt.chunks(RequestOutput("id-1", None, [1], cs, finished=last))
+    return _frames(frames)
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_streamed_reasoning_comes_first_then_the_content(size: int) -> None:
+    chunks = _chat_stream(_fmt("chat", n=2, reasoning=QWEN3), THOUGHT, size, n=2)
+    for k in (0, 1):
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"][0]["index"] == k]
+        assert deltas[0]["role"] == "assistant"
+        kinds = [key for d in deltas for key in d if key != "role" and d[key]]
+        assert kinds == sorted(kinds, reverse=True)  # reasoning_content, then content
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
+        assert "".join(d.get("content", "") for d in deltas) == "Four."
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    for choice in state.get_final_completion().choices:
+        assert choice.message.content == "Four." and choice.finish_reason == "stop"
+        assert choice.message.model_extra == {"reasoning_content": "Two and two."}
+
+
+def test_streamed_logprobs_stay_with_their_delta_while_reasoning() -> None:
+    fmt = _fmt("chat", top=0, reasoning=R1)
+    a = _delta(CompletionOutput(0, delta_text="hm", delta_token_ids=[5], delta_logprobs=[{5: -1}]))
+    (ca,) = _frames(fmt.chunks(a))
+    assert ca["choices"][0]["delta"] == {"role": "assistant", "reasoning_content": "hm"}
+    assert ca["choices"][0]["logprobs"]["content"][0]["token"] == "<5>"
+    # A delta that is only the marker shows nothing but still carries its logprobs.
+    b = _delta(
+        CompletionOutput(0, delta_text="</think>", delta_token_ids=[6], delta_logprobs=[{6: -2}])
+    )
+    (cb,) = _frames(fmt.chunks(b))
+    assert cb["choices"][0]["delta"] == {} and cb["choices"][0]["logprobs"] is not None

@@ -131,6 +131,9 @@ def test_max_tokens_is_required() -> None:
             "tools.0.input_schema",
         ),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"thinking": "on"}, "thinking"),
+        ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
     ],
 )
 def test_bad_fields_are_400s_naming_them(
@@ -141,3 +144,19 @@ def test_bad_fields_are_400s_naming_them(
         _messages(preparer, **(body | kw))
     assert err.value.param == field
     assert field in err.value.message
+
+
+def test_thinking_is_the_templates_enable_thinking(preparer: Preparer) -> None:
+    base: dict[str, Any] = {"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    for thinking, enabled in [
+        ({"type": "enabled", "budget_tokens": 2048}, True),  # the budget is not enforced
+        ({"type": "adaptive"}, True),
+        ({"type": "disabled"}, False),
+    ]:
+        body = MessagesRequest(**base, thinking=thinking)
+        assert body.prompt_input(preparer.limits).template_kwargs == {"enable_thinking": enabled}
+        _messages(preparer, **base, thinking=thinking)  # the demo template ignores it
+    assert MessagesRequest(**base).prompt_input(preparer.limits).template_kwargs is None
+    # count_tokens renders the prompt the same way.
+    counted = CountTokensRequest(messages=base["messages"], thinking={"type": "disabled"})
+    assert counted.prompt_input(preparer.limits).template_kwargs == {"enable_thinking": False}

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 
 from cluster.errors import QueueTimeoutError
 from cluster.http.messages_format import EngineAbortedError, MessagesFormatter, sse_events
+from cluster.ingress.output_parsing import Reasoning
 from cluster.ingress.tools import Tool, ToolChoice, ToolUse
 from workers.outputs import CompletionOutput, RequestOutput
 
@@ -44,9 +45,9 @@ def _outputs(
     return outs
 
 
-def _formatter(mode: str | None = None) -> MessagesFormatter:
+def _formatter(mode: str | None = None, reasoning: Reasoning | None = None) -> MessagesFormatter:
     tools = None if mode is None else ToolUse((WEATHER,), ToolChoice(mode, None))
-    return MessagesFormatter("kvray-demo", tools, 5)
+    return MessagesFormatter("kvray-demo", tools, 5, reasoning)
 
 
 def _events(frames: list[str]) -> list[dict[str, Any]]:
@@ -80,6 +81,10 @@ def _snapshot(events: list[dict[str, Any]]) -> dict[str, Any]:
             block, delta = message["content"][e["index"]], e["delta"]
             if delta["type"] == "text_delta":
                 block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
             else:
                 json_bufs[e["index"]] = json_bufs.get(e["index"], "") + delta["partial_json"]
                 block["input"] = json.loads(json_bufs[e["index"]])
@@ -202,3 +207,58 @@ def test_a_failure_mid_stream_is_an_error_event_in_anthropics_shape() -> None:
     }
     aborted = _sse(_outputs(["a"], "abort"))
     assert aborted[-1]["type"] == "error" and aborted[-1]["error"]["type"] == "api_error"
+
+
+# -- reasoning (a reasoning parser on) --------------------------------------------------------
+
+QWEN3 = Reasoning("qwen3", inside=False, may_open=True)
+R1 = Reasoning("deepseek_r1", inside=True)
+THOUGHT = "<think>\nTwo and two.\n</think>\n\nFour."
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_the_thinking_is_a_block_before_the_text(size: int) -> None:
+    outs = _outputs([THOUGHT[i : i + size] for i in range(0, len(THOUGHT), size)], "stop")
+    whole = _formatter(reasoning=QWEN3).response([outs[-1]])
+    assert whole["content"] == [
+        {"type": "thinking", "thinking": "Two and two.", "signature": ""},
+        {"type": "text", "text": "Four."},
+    ]
+    Message.model_validate(whole)
+    events = _stream(_formatter(reasoning=QWEN3), outs)
+    thinking = [e for e in events if e.get("index") == 0]
+    assert thinking[0]["type"] == "content_block_start"
+    assert thinking[0]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
+    deltas = [e["delta"] for e in thinking if e["type"] == "content_block_delta"]
+    assert {d["type"] for d in deltas[:-1]} == {"thinking_delta"}
+    assert deltas[-1] == {"type": "signature_delta", "signature": ""}  # just before the stop
+    assert thinking[-1]["type"] == "content_block_stop"
+    assert events.index(thinking[-1]) < events.index(next(e for e in events if e.get("index") == 1))
+    assert _without_id(_snapshot(events)) == _without_id(whole)
+
+
+def test_calls_after_the_thinking_are_tool_use_blocks() -> None:
+    call = '<tool_call>{"name": "weather", "arguments": ' + ARGS + "}</tool_call>"
+    text = f"Use the tool: {call}</think>{call}"  # a call rehearsed in the thinking is thinking
+    outs = _outputs([text[i : i + 5] for i in range(0, len(text), 5)], "stop")
+    whole = _formatter("auto", R1).response([outs[-1]])
+    assert [b["type"] for b in whole["content"]] == ["thinking", "tool_use"]
+    assert whole["content"][0]["thinking"] == f"Use the tool: {call}"
+    assert whole["stop_reason"] == "tool_use"
+    snapshot = _snapshot(_stream(_formatter("auto", R1), outs))
+    assert [_without_id(b) for b in snapshot["content"]] == [
+        _without_id(b) for b in whole["content"]
+    ]
+
+
+def test_cut_off_while_thinking_is_the_thinking_block_alone() -> None:
+    outs = _outputs(["Two and", " two"], "length")
+    whole = _formatter(reasoning=R1).response([outs[-1]])
+    assert whole["content"] == [{"type": "thinking", "thinking": "Two and two", "signature": ""}]
+    assert whole["stop_reason"] == "max_tokens"
+    assert _without_id(_snapshot(_stream(_formatter(reasoning=R1), outs))) == _without_id(whole)
+
+
+def test_without_a_parser_the_thinking_stays_in_the_text() -> None:
+    whole = _formatter().response([_outputs([THOUGHT], "stop")[-1]])
+    assert whole["content"] == [{"type": "text", "text": THOUGHT}]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cluster.errors import InvalidRequestError
-from cluster.http.messages_input import template_messages, tool_input, tool_use
+from cluster.http.messages_input import template_messages, thinking_kwargs, tool_input, tool_use
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"name": "weather", "description": "Forecast", "input_schema": WEATHER}]
@@ -178,3 +178,34 @@ def test_bad_tools_are_400s_naming_the_field(tools: Any, choice: Any, field: str
 
 def test_tool_input_is_the_arguments_object() -> None:
     assert tool_input('{"city": "Oslo"}') == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize(
+    ("thinking", "kwargs"),
+    [
+        (None, None),
+        ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}),
+        ({"type": "enabled", "budget_tokens": 1, "display": "omitted"}, {"enable_thinking": True}),
+        ({"type": "adaptive"}, {"enable_thinking": True}),
+        ({"type": "disabled"}, {"enable_thinking": False}),
+    ],
+)
+def test_thinking_is_the_enable_thinking_template_variable(thinking: Any, kwargs: Any) -> None:
+    assert thinking_kwargs(thinking) == kwargs
+
+
+@pytest.mark.parametrize(
+    ("thinking", "field"),
+    [
+        (True, "thinking"),
+        ({}, "thinking.type"),
+        ({"type": "enabled"}, "thinking.budget_tokens"),
+        ({"type": "enabled", "budget_tokens": 0}, "thinking.budget_tokens"),
+        ({"type": "enabled", "budget_tokens": True}, "thinking.budget_tokens"),
+        ({"type": "adaptive", "display": "loud"}, "thinking.display"),
+    ],
+)
+def test_bad_thinking_is_a_400_naming_it(thinking: Any, field: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        thinking_kwargs(thinking)
+    assert err.value.param == field and err.value.message.startswith(f"{field}: ")

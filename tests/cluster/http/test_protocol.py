@@ -185,3 +185,20 @@ def test_json_types_are_not_coerced(field: str, value: Any) -> None:
 def test_json_integers_are_numbers() -> None:
     body = CompletionRequest.model_validate({"prompt": [5, 6], "temperature": 1, "top_p": 1})
     assert body.temperature == 1.0 and body.prompts() == [[5, 6]]
+
+
+def test_chat_template_kwargs_reach_the_template_and_must_be_an_object() -> None:
+    from cluster.http.protocol import template_kwargs
+    from cluster.ingress.limits import DEFAULT_LIMITS
+
+    body = ChatCompletionRequest(messages=USER, chat_template_kwargs={"enable_thinking": False})
+    assert body.prompt_input(DEFAULT_LIMITS).template_kwargs == {"enable_thinking": False}
+    assert ChatCompletionRequest(messages=USER).prompt_input(DEFAULT_LIMITS).template_kwargs is None
+    kw = {"enable_thinking": True}
+    assert TokenizeRequest(messages=USER, chat_template_kwargs=kw).chat_template_kwargs == kw
+    with pytest.raises(pydantic.ValidationError) as err:
+        ChatCompletionRequest.model_validate({"messages": USER, "chat_template_kwargs": [1]})
+    assert err.value.errors()[0]["loc"][0] == "chat_template_kwargs"
+    with pytest.raises(InvalidRequestError) as bad:
+        template_kwargs({1: "x"})
+    assert bad.value.param == "chat_template_kwargs"

@@ -13,6 +13,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from cluster.http.format import Formatter
 from cluster.ingress import tools
+from cluster.ingress.output_parsing import Reasoning
 from cluster.ingress.token_text import TokenStrings
 from workers.outputs import CompletionOutput, RequestOutput
 
@@ -31,10 +32,9 @@ AUTO = 'Sure.<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool
 ARRAY = '[{"arguments":{"city":"Oslo"},"name":"weather"},{"arguments":{},"name":"time"}]'
 
 
-def _fmt(choice: object, n: int = 1) -> Formatter:
-    return Formatter(
-        "chat", "id-1", "kvray-demo", n, None, TOKENS, tools=tools.tool_use(TOOLS, choice, None)
-    )
+def _fmt(choice: object, n: int = 1, reasoning: Reasoning | None = None) -> Formatter:
+    use = tools.tool_use(TOOLS, choice, None)
+    return Formatter("chat", "id-1", "kvray-demo", n, None, TOKENS, tools=use, reasoning=reasoning)
 
 
 def _final(text: str, reason: str = "stop", index: int = 0) -> CompletionOutput:
@@ -125,3 +125,33 @@ def test_streamed_choices_of_n2_keep_their_own_call_indexes() -> None:
             and "id" in c["choices"][0]["delta"].get("tool_calls", [{}])[0]
         ]
         assert [h["index"] for h in heads] == [0, 1]
+
+
+# A Qwen3 answer that thinks (and rehearses the call while thinking), then calls.
+THINKING = f"<think>\nI should call {AUTO}\n</think>\n\n{AUTO}"
+QWEN3 = Reasoning("qwen3", inside=False, may_open=True)
+
+
+def test_calls_are_read_from_the_answer_not_the_reasoning() -> None:
+    body = _fmt("auto", reasoning=QWEN3).response([_out(_final(THINKING), finished=True)])
+    (ch,) = body["choices"]
+    assert ch["message"]["reasoning_content"] == f"I should call {AUTO}"
+    assert ch["message"]["content"] == "Sure."
+    assert _calls(ch["message"]) == [("weather", {"city": "Oslo"})]
+    assert ch["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_streamed_reasoning_then_calls_assemble_in_the_openai_client(size: int) -> None:
+    pieces = [THINKING[i : i + size] for i in range(0, len(THINKING), size)]
+    state = ChatCompletionStreamState(input_tools=TOOLS)  # type: ignore[arg-type]
+    chunks = _stream(_fmt("auto", reasoning=QWEN3), pieces)
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    (choice_out,) = state.get_final_completion().choices
+    message = choice_out.message
+    assert choice_out.finish_reason == "tool_calls"
+    assert message.model_extra == {"reasoning_content": f"I should call {AUTO}"}
+    assert message.content == "Sure."
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert got == [("weather", {"city": "Oslo"})]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from workers.outputs import RequestOutputKind
 from workers.pooling import Pooling
 from workers.structured.spec import StructuredOutputs
+from workers.structured.thinking import ThinkingBudget
 
 # Top-N logprobs per token are capped: each one costs a top-k over the vocabulary and a
 # Python object per token in every streamed delta. 20 is OpenAI's cap for top_logprobs.
@@ -53,6 +54,9 @@ class SamplingParams:
     # Constrained decoding (JSON schema, regex, choice, grammar); checked at the ingress with
     # workers.structured.check_structured, compiled by the engine off the step loop.
     structured_outputs: StructuredOutputs | None = None
+    # A cap on reasoning tokens: past it the engine forces the end-of-reasoning marker
+    # (workers/structured/thinking.py); the ingress builds it from the reasoning parser's markers.
+    thinking_budget: ThinkingBudget | None = None
     # Filled in by the engine, never by users: EOS ids from the checkpoint.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -161,6 +165,13 @@ class SamplingParams:
             raise bad(
                 "structured_outputs",
                 f"must be a StructuredOutputs, got {type(self.structured_outputs).__name__}",
+            )
+        if self.thinking_budget is not None and not isinstance(
+            self.thinking_budget, ThinkingBudget
+        ):
+            raise bad(
+                "thinking_budget",
+                f"must be a ThinkingBudget, got {type(self.thinking_budget).__name__}",
             )
 
 

@@ -50,7 +50,15 @@ class CountTokensRequest(BaseModel):
         chat = messages_input.template_messages(self.system, self.messages)
         limits.check_messages(len(self.messages))
         kwargs = messages_input.thinking_kwargs(self.thinking)
-        return PromptInput("messages", chat=chat, checked_as="messages", template_kwargs=kwargs)
+        # budget_tokens is enforced where a reasoning parser is on, and ignored elsewhere
+        # (budget_field None): clients such as Claude Code send it whatever the server.
+        return PromptInput(
+            "messages",
+            chat=chat,
+            checked_as="messages",
+            template_kwargs=kwargs,
+            thinking_budget=messages_input.thinking_budget(self.thinking),
+        )
 
     def tool_use(self) -> ToolUse | None:
         return messages_input.tool_use(self.tools, self.tool_choice)

@@ -22,8 +22,9 @@ what the chat path takes: template messages and a checked `ToolUse`.
 
 - `thinking`: `{"type": "enabled", "budget_tokens": N}` or `{"type": "adaptive"}` is the chat
   template variable `enable_thinking: true`, `{"type": "disabled"}` is `false` (Qwen3's
-  templates read it; others ignore it). `budget_tokens` (a positive integer) is accepted and
-  not enforced: `max_tokens` bounds the thinking and the answer together. `display` is
+  templates read it; others ignore it). `budget_tokens` (a positive integer) bounds the
+  thinking where a reasoning parser is on (the engine forces `</think>` once it is spent), and
+  is ignored where none is. `display` is
   accepted; the thinking is always shown.
 
 Errors name the field with Anthropic's dotted paths (`messages.0.content.1.tool_use_id`).
@@ -206,6 +207,13 @@ def thinking_kwargs(thinking: Any) -> dict[str, Any] | None:
     if thinking.get("display") not in THINKING_DISPLAY:
         raise _fail("thinking.display", "must be 'summarized' or 'omitted'")
     return {"enable_thinking": kind != "disabled"}
+
+
+def thinking_budget(thinking: Any) -> int | None:
+    """`thinking.budget_tokens` of an enabled `thinking` (checked by thinking_kwargs)."""
+    if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+        return thinking.get("budget_tokens")
+    return None
 
 
 # -- tools ------------------------------------------------------------------------------------

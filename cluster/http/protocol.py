@@ -267,6 +267,8 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: Bool | None = None
     add_generation_prompt: Bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: the template's variables
+    # vLLM's: tokens of thinking before `</think>` is forced (needs a reasoning parser).
+    thinking_token_budget: Int | None = Field(default=None, ge=0)
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
@@ -280,6 +282,8 @@ class ChatCompletionRequest(_SamplingFields):
             add_generation_prompt=self.add_generation_prompt,
             checked_as="messages",
             template_kwargs=template_kwargs(self.chat_template_kwargs),
+            thinking_budget=self.thinking_token_budget,
+            budget_field="thinking_token_budget",
         )
 
     def tool_use(self) -> tools.ToolUse | None:

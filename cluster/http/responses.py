@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.errors import InvalidRequestError
 from cluster.http import responses_input
@@ -79,6 +79,8 @@ class ResponsesRequest(BaseModel):
     prompt_cache_key: str | None = None  # prefix caching needs no key
     priority: Int = 0  # vLLM's: the engine's queue priority, lower is more urgent
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: the template's variables
+    # As on chat: tokens of thinking before `</think>` is forced (needs a reasoning parser).
+    thinking_token_budget: Int | None = Field(default=None, ge=0)
 
     def check_fields(self) -> None:
         """400 naming the first field kvray does not act on (module doc)."""
@@ -113,6 +115,8 @@ class ResponsesRequest(BaseModel):
             chat=messages,
             checked_as="input",
             template_kwargs=template_kwargs(self.chat_template_kwargs),
+            thinking_budget=self.thinking_token_budget,
+            budget_field="thinking_token_budget",
         )
 
     def sampling_kwargs(self) -> dict[str, Any]:

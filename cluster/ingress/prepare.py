@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cluster.errors import InvalidRequestError
 from cluster.ingress import checks, structured
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.output_parsing import OutputParsing, Reasoning
@@ -37,6 +38,7 @@ from cluster.ingress.tools import ToolUse
 from cluster.messages import GenerateRequest
 from workers.inputs import EngineInput
 from workers.sampling_params import SamplingParams
+from workers.structured.thinking import ThinkingBudget
 
 if TYPE_CHECKING:
     from workers.inputs import InputChecker
@@ -55,6 +57,11 @@ class PromptInput:
     checked_as: str = "prompt"  # what the engine's input check names (HTTP chat: "messages")
     # Extra variables for the chat template (`chat_template_kwargs`, e.g. enable_thinking).
     template_kwargs: dict[str, Any] | None = None
+    # Tokens the model may think before `</think>` is forced (None: unbounded), and the field
+    # that set it: a budget without a reasoning parser is an error naming that field, or
+    # ignored when None (Anthropic's budget_tokens, which clients send whatever the server).
+    thinking_budget: int | None = None
+    budget_field: str | None = None
 
 
 class Source(Protocol):
@@ -217,10 +224,14 @@ class Preparer:
         if use is not None and use.parses and use.format in SPECIAL_TOKEN_FORMATS:
             # Mistral's [TOOL_CALLS] is a special token: the text must keep it to be read.
             params = replace(params, skip_special_tokens=False)
-        if prompt.chat is None:
-            return params, outputs
-        reasoning = self.parsing.reasoning_for(token_ids[0])
+        reasoning = None if prompt.chat is None else self.parsing.reasoning_for(token_ids[0])
         if reasoning is None:
+            if prompt.thinking_budget is not None and prompt.budget_field is not None:
+                raise InvalidRequestError(
+                    prompt.budget_field,
+                    f"{prompt.budget_field} needs a chat request and a server started with "
+                    "--reasoning-parser",
+                )
             return params, outputs
         spec = params.structured_outputs
         # Only an output that starts inside the reasoning waits for its end. One that may open
@@ -228,6 +239,14 @@ class Preparer:
         # the model never opens would leave the answer unconstrained.
         if spec is not None and reasoning.inside:
             params = replace(params, structured_outputs=spec.starting_after(self.parsing.end_ids))
+        budget = prompt.thinking_budget
+        # A budget counts the thinking: from the output's start when it starts inside, from
+        # the model's own <think> when it may open one (and no grammar forbids it).
+        if budget is not None and (reasoning.inside or (reasoning.may_open and spec is None)):
+            thinking = ThinkingBudget(
+                budget, self.parsing.end_ids, self.parsing.start_ids, reasoning.inside
+            )
+            params = replace(params, thinking_budget=thinking)
         return params, replace(outputs, reasoning=reasoning)
 
     async def check_compiles(self, outputs: Outputs, source: Source) -> None:

@@ -3,7 +3,7 @@
 Ray and Serve start once per session (`ray_session`, `serve_ports` in tests/conftest.py).
 Apps are deployed by the fixtures that need them, each under its own route prefix, and
 deleted when done. `kvray_app` is the shared main app: 2 LLMServer replicas of the demo model
-behind the prefix-affinity router, with an API key.
+behind the prefix-affinity router, with an API key and the qwen3 reasoning parser.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def kvray_app(serve_ports: ServePorts) -> Iterator[App]:
         api_key_env=API_KEY_ENV,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=32,
+        # Answers that do not open <think> are unchanged (see test_reasoning_live.py).
+        reasoning_parser="qwen3",
     )
     app = deploy("kvray-main", "/main", config, serve_ports, API_KEY)
     yield app

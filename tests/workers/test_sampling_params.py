@@ -8,6 +8,7 @@ import math
 import pytest
 
 from workers.sampling_params import SamplingParams
+from workers.structured.thinking import ThinkingBudget
 
 FLOAT_FIELDS = (
     "temperature",
@@ -46,3 +47,12 @@ def test_derived_params_are_a_copy_not_validated_again(monkeypatch: pytest.Monke
     assert calls == []  # the engine derives per-sample params from checked ones
     assert (sample.seed, sample.eos_token_ids, sample.stop) == (4, (2,), ["x"])
     assert (params.seed, params.eos_token_ids) == (3, ())  # the original is unchanged
+
+
+def test_thinking_budget_must_be_a_thinking_budget() -> None:
+    budget = ThinkingBudget(8, (1131, 425))
+    assert SamplingParams(thinking_budget=budget).thinking_budget is budget
+    with pytest.raises(ValueError, match="^thinking_budget must be a ThinkingBudget, got dict"):
+        SamplingParams(thinking_budget={"budget": 8})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^thinking_budget\.budget must be an integer >= 0"):
+        ThinkingBudget(-1, (1131,))

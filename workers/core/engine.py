@@ -288,9 +288,8 @@ class LLMEngine:
             self.block_manager.commit_full_blocks(seq)
             if seq.num_computed_tokens == seq.num_planned_tokens and seq.params.pooling is None:
                 seq.num_pending += 1
-                # Its grammar's mask needs this token on the host (a penalty's counts do
-                # not: they live on the device, workers/device/penalty_counts.py).
-                host_bound = host_bound or seq.grammar is not None
+                # Its next mask (grammar, thinking budget) needs this token; penalty counts don't.
+                host_bound = host_bound or seq.grammar is not None or seq.thinking_bound
         seqs = {seq.seq_id: seq for seq, _ in sched.scheduled}
         return Launched(pending, seqs, host_bound)
 
@@ -317,7 +316,8 @@ class LLMEngine:
             seq.token_ids.append(token)
             seq.token_times.append(now)
             self.generation_tokens += 1
-            grammar_done = seq.grammar is not None and self.structured.accept(seq, token)
+            masked = seq.grammar is not None or seq.thinking is not None
+            grammar_done = masked and self.structured.accept(seq, token)
             process_token(seq, token, lps[i] if lps is not None else None, self.max_model_len)
             if grammar_done:
                 finish_grammar_complete(seq)

@@ -67,6 +67,15 @@ class Seq:
     # its grammar is still compiling (the scheduler does not admit it until it is ready).
     grammar: Any = None
     grammar_pending: bool = False
+    # The marker its grammar waits for (StructuredOutputs.after, e.g. `</think>`'s ids): while
+    # set, the grammar is dormant (no mask; the matcher is not fed); None once the outputs end
+    # with it, from when the grammar applies, and for grammars that start at once.
+    grammar_after: tuple[int, ...] | None = None
+    # Its thinking budget's state (SamplingParams.thinking_budget), None without one or once
+    # the reasoning block closed; and whether the engine needs its token in flight on the host
+    # before the next step (its next mask may be forced: ThinkingState.host_bound).
+    thinking: Any = None  # workers.structured.thinking.ThinkingState
+    thinking_bound: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:

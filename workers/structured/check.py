@@ -45,7 +45,7 @@ def check_structured(spec: StructuredOutputs, tokenizer: Any = None) -> None:
         raise ValueError(
             f"structured_outputs must be a StructuredOutputs, got {type(spec).__name__}"
         )
-    error = _verdict(spec)
+    error = _verdict(spec.grammar_key)  # `after` changes where the grammar starts, not it
     if error is not None:
         raise ValueError(error)
 

@@ -1,10 +1,11 @@
 """`GrammarCompiler`: compiles `StructuredOutputs` specs off the engine's step loop.
 
 Compiles run on one background thread (llguidance releases the GIL while it builds a parser);
-the step loop only polls futures. Compiled grammars live in a bounded LRU keyed by the spec,
-so a schema used by many requests is compiled once and each sequence gets a cheap copy of
-its start state. The llguidance tokenizer (about a second to build) is built on the same
-thread by the first compile, so engines that never see a constrained request never pay it.
+the step loop only polls futures. Compiled grammars live in a bounded LRU keyed by the spec
+(without `after`), so a schema used by many requests is compiled once and each sequence gets
+a cheap copy of its start state. The llguidance tokenizer (about a second to build) is built
+on the same thread by the first compile, so engines that never see a constrained request
+never pay it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class GrammarCompiler:
     def get(self, spec: StructuredOutputs) -> Future[CompiledGrammar]:
         """The compiled grammar of `spec`, compiled in the background when not cached."""
         self._requests += 1
+        # `after` only says where the grammar starts (StructuredDecoding applies it): specs
+        # differing in it alone share one compile.
+        spec = spec.grammar_key
         fut = self._cache.get(spec)
         if fut is not None and not (fut.done() and fut.exception() is not None):
             self._hits += 1

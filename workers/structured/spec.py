@@ -5,11 +5,18 @@ Exactly one constraint is set. The value is kept as the user's text (a JSON sche
 compact JSON, a regex, a grammar) so the spec is hashable and is the key of the engine's
 compile cache. Checking that a schema, regex or grammar compiles is the grammar backend's job
 (`workers.structured`), done at the edge before a request is routed.
+
+`after` makes the constraint start late: a reasoning model's `<think> ... </think>` is free
+text, and the grammar applies from the token after the output first ends with the
+end-of-reasoning marker's ids (the ingress sets it with `starting_after` when a reasoning
+parser is on). It is not part of the grammar: the compile cache keys on `grammar_key`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +33,9 @@ class StructuredOutputs:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # a grammar in the backend's syntax (Lark / EBNF)
+    # The grammar starts after the output ends with these token ids (the end-of-reasoning
+    # marker: one special token such as Qwen3's `</think>`, or several ids); None: at once.
+    after: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.json is not None and not isinstance(self.json, str):
@@ -49,6 +59,17 @@ class StructuredOutputs:
             raise ValueError(
                 "structured_outputs.choice must be a non-empty list of non-empty strings"
             )
+        if isinstance(self.after, list):
+            object.__setattr__(self, "after", tuple(self.after))
+        if self.after is not None and (
+            not isinstance(self.after, tuple)
+            or not self.after
+            or not all(_is_token_id(t) for t in self.after)
+        ):
+            raise ValueError(
+                "structured_outputs.after must be a non-empty list of token ids "
+                f"(non-negative ints), got {self.after!r}"
+            )
 
     @property
     def kind(self) -> str:
@@ -63,12 +84,26 @@ class StructuredOutputs:
         order, as OpenAI's structured outputs do, so they are not sorted here."""
         return cls(json=_schema_text(schema))
 
+    def starting_after(self, token_ids: Iterable[int]) -> StructuredOutputs:
+        """A copy whose grammar starts after the output ends with `token_ids` (validated)."""
+        return dataclasses.replace(self, after=tuple(token_ids))
+
+    @property
+    def grammar_key(self) -> StructuredOutputs:
+        """The spec without `after`: what the grammar depends on, so specs differing only in
+        where the grammar starts share one compile (and one check verdict)."""
+        return self if self.after is None else dataclasses.replace(self, after=None)
+
 
 def _schema_text(schema: dict[str, Any] | bool) -> str:
     return json.dumps(schema, separators=(",", ":"))
 
 
 _KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_set(value: object) -> bool:

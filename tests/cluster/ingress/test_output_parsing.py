@@ -9,12 +9,14 @@ import asyncio
 import pytest
 
 from cluster.config.parsing import ParsingSettings
+from cluster.errors import InvalidRequestError
 from cluster.http.protocol import ChatCompletionRequest, CompletionRequest
 from cluster.ingress.limits import DEFAULT_LIMITS
 from cluster.ingress.output_parsing import MARKER_WINDOW, OutputParsing, Reasoning
 from cluster.ingress.prepare import Preparer
 from cluster.ingress.prompts import Prompts
 from tests.cluster.ingress.test_prepare import TOOLS, USER, FakeClient
+from workers.structured.thinking import ThinkingBudget
 
 
 def _chars(text: str) -> list[int]:
@@ -151,3 +153,42 @@ def test_a_prompt_that_closed_the_reasoning_constrains_at_once(prompts: Prompts)
 def test_completions_read_no_reasoning(prompts: Prompts) -> None:
     body = CompletionRequest(prompt="<think>", max_tokens=4)
     assert _prepare(prompts, _of(prompts, "qwen3"), body).outputs.reasoning is None
+
+
+# -- thinking budgets -----------------------------------------------------------------------
+
+
+THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
+
+
+def test_a_budget_counts_from_where_the_thinking_starts(prompts: Prompts) -> None:
+    parsing = _of(prompts, "qwen3")
+    inside = ChatCompletionRequest(messages=USER, thinking_token_budget=6, **THINKING)
+    want = ThinkingBudget(6, parsing.end_ids, parsing.start_ids, inside=True)
+    assert _prepare(prompts, parsing, inside).params.thinking_budget == want
+    # Qwen3 may open its own block: counting starts at its <think>.
+    may_open = ChatCompletionRequest(messages=USER, thinking_token_budget=6)
+    got = _prepare(prompts, parsing, may_open).params.thinking_budget
+    assert got == ThinkingBudget(6, parsing.end_ids, parsing.start_ids, inside=False)
+    # ...unless a grammar applies from the first token: then there is no thinking to bound.
+    constrained = may_open.model_copy(update={"response_format": {"type": "json_object"}})
+    assert _prepare(prompts, parsing, constrained).params.thinking_budget is None
+
+
+def test_a_budget_without_a_reasoning_parser_is_a_400(prompts: Prompts) -> None:
+    body = ChatCompletionRequest(messages=USER, thinking_token_budget=6)
+    with pytest.raises(InvalidRequestError) as err:
+        _prepare(prompts, _of(prompts, None), body)
+    assert err.value.field == "thinking_token_budget"
+
+
+def test_anthropic_budget_tokens_are_enforced_only_with_a_parser(prompts: Prompts) -> None:
+    from cluster.http.messages import MessagesRequest
+
+    body = MessagesRequest(
+        messages=USER, max_tokens=32, thinking={"type": "enabled", "budget_tokens": 5}
+    )
+    assert _prepare(prompts, _of(prompts, None), body).params.thinking_budget is None
+    parsing = _of(prompts, "deepseek_r1")
+    got = _prepare(prompts, parsing, body).params.thinking_budget
+    assert got is not None and (got.budget, got.inside) == (5, True)

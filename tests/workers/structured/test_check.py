@@ -28,6 +28,7 @@ from workers.structured import MAX_CHOICES, MAX_SCHEMA_BYTES, StructuredOutputs,
         StructuredOutputs(choice=("yes", "no", 'say "hi"')),
         StructuredOutputs(grammar='start: "a" b\nb: "b"+'),  # Lark
         StructuredOutputs(grammar='root ::= "a" | "b"'),  # GBNF / EBNF
+        StructuredOutputs(regex=r"[a-z]+", after=(151668,)),  # after a reasoning marker
     ],
 )
 def test_valid_specs_pass(spec: StructuredOutputs) -> None:
@@ -91,6 +92,8 @@ def test_verdicts_are_cached_per_spec() -> None:
     after = _verdict.cache_info()
     assert after.hits - before.hits >= 1
     assert after.currsize <= after.maxsize
+    check_structured(spec.starting_after([5, 6]))  # `after` aside, the same grammar: a hit
+    assert _verdict.cache_info().hits - after.hits >= 1
 
 
 def test_not_a_spec_is_refused() -> None:

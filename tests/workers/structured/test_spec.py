@@ -57,3 +57,25 @@ def test_offline_generate_takes_a_dict_or_text_schema(llm: LLM, form: str) -> No
     c = out.outputs[0]
     assert c.finish_reason == "stop", c
     jsonschema.validate(json.loads(c.text), SCHEMA)
+
+
+# -- `after`: the grammar starts after the end-of-reasoning marker ---------------------------
+
+
+def test_after_is_validated_and_a_list_becomes_a_tuple() -> None:
+    spec = StructuredOutputs(regex="a+", after=[7, 8])  # type: ignore[arg-type]
+    assert spec.after == (7, 8) and hash(spec)
+    for bad in ([], (-1,), ("7",), (True,), (1.0,), 7):
+        with pytest.raises(ValueError, match=r"^structured_outputs\.after"):
+            StructuredOutputs(regex="a+", after=bad)  # type: ignore[arg-type]
+
+
+def test_starting_after_is_a_copy_whose_grammar_key_drops_after() -> None:
+    base = StructuredOutputs.from_schema(SCHEMA)
+    late = base.starting_after([151668])
+    assert late.after == (151668,) and late.json == base.json and base.after is None
+    assert late != base and late.kind == "json"
+    assert late.grammar_key == base and base.grammar_key is base
+    assert late.starting_after((1, 2)).grammar_key == base
+    with pytest.raises(ValueError, match=r"^structured_outputs\.after"):
+        base.starting_after([])

@@ -16,17 +16,11 @@ import anthropic
 import jsonschema
 import pytest
 
+from tests.cluster.http.test_messages_live import MODEL, WEATHER
 from tests.cluster.serve_helpers import App, openai_client
 
 pytestmark = pytest.mark.slow
 
-MODEL = "kvray-demo"
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
-    "required": ["city"],
-    "additionalProperties": False,
-}
 CHAT_TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "weather", "parameters": WEATHER}}
 ]
@@ -58,6 +52,17 @@ def test_chat_thinks_calls_a_tool_and_answers(kvray_app: App) -> None:
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    # The thinking is exactly the budget's tokens: those of the same prompt cut by max_tokens.
+    cut = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=CHAT_TOOLS,
+        max_tokens=BUDGET,
+        temperature=0.0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+    )
+    assert cut.choices[0].finish_reason == "length"
+    assert _reasoning(cut.choices[0].message) == thinking
 
     # Streamed: the thinking first, as reasoning_content deltas, then the call; the same.
     chunks = list(client.chat.completions.create(**ask, stream=True))

@@ -6,7 +6,6 @@ same state. Driven by hand over the demo tokenizer, then once end to end with th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,28 +16,10 @@ from workers.core.request import Request, Seq
 from workers.structured import StructuredOutputs
 from workers.structured.compiler import GrammarCompiler
 from workers.structured.decoding import StructuredDecoding
-from workers.tokenizer import Tokenizer
 
 D, DASH = 25, 15  # the demo tokenizer's "7" and "-"
 DIGIT_DASH_DIGIT = r"[0-9]-[0-9]"
 FREE = [DASH, 90, 67, 671, DASH]  # "-", "x", "a", " x": refused first, free while dormant
-
-
-@pytest.fixture(scope="module")
-def tok(demo_dir: Path) -> Tokenizer:
-    return Tokenizer.from_pretrained(demo_dir)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok: Tokenizer) -> Iterator[GrammarCompiler]:
-    c = GrammarCompiler(tok.hf, tok.vocab_size, tok.eos_token_ids, cache_size=8)
-    yield c
-    c.shutdown()
-
-
-@pytest.fixture
-def dec(compiler: GrammarCompiler, tok: Tokenizer) -> StructuredDecoding:
-    return StructuredDecoding(compiler, tok.vocab_size, timeout_s=60.0)
 
 
 def _request(

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ import pytest
 from workers import SamplingParams
 from workers.core.request import Request, Seq
 from workers.structured import StructuredOutputs
-from workers.structured.compiler import GrammarCompiler
 from workers.structured.decoding import StructuredDecoding
 from workers.structured.thinking import Phase, ThinkingBudget, ThinkingState, start_state
 from workers.tokenizer import Tokenizer
@@ -178,23 +175,6 @@ def test_masks_under_async_lag_equal_the_exact_ones(budget: int, inside: bool) -
 
 
 # -- mask rows and accept (StructuredDecoding) ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tok(demo_dir: Path) -> Tokenizer:
-    return Tokenizer.from_pretrained(demo_dir)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok: Tokenizer) -> Iterator[GrammarCompiler]:
-    c = GrammarCompiler(tok.hf, tok.vocab_size, tok.eos_token_ids, cache_size=8)
-    yield c
-    c.shutdown()
-
-
-@pytest.fixture
-def dec(compiler: GrammarCompiler, tok: Tokenizer) -> StructuredDecoding:
-    return StructuredDecoding(compiler, tok.vocab_size, timeout_s=60.0)
 
 
 def _request(

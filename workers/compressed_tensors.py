@@ -39,10 +39,10 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     if targets != ["Linear"]:
         _refuse("config_groups.*.targets", targets, "['Linear']")
     w = group.get("weights") or {}
-    _expect(w, "weights.num_bits", w.get("num_bits"), 8, "8-bit weights")
-    _expect(w, "weights.type", w.get("type"), "float", "float (FP8) weights")
-    _expect(w, "weights.symmetric", w.get("symmetric", True), True, "symmetric weights")
-    _expect(w, "weights.dynamic", w.get("dynamic", False), False, "static weight scales")
+    _expect("weights.num_bits", w.get("num_bits"), 8, "8-bit weights")
+    _expect("weights.type", w.get("type"), "float", "float (FP8) weights")
+    _expect("weights.symmetric", w.get("symmetric", True), True, "symmetric weights")
+    _expect("weights.dynamic", w.get("dynamic", False), False, "static weight scales")
     strategy = w.get("strategy")
     if strategy not in STRATEGIES:
         _refuse("weights.strategy", strategy, f"one of {STRATEGIES}")
@@ -53,8 +53,8 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     acts = group.get("input_activations")
     scheme = "dynamic"
     if acts is not None:
-        _expect(acts, "input_activations.dynamic", acts.get("dynamic"), True, "dynamic scales")
-        _expect(acts, "input_activations.type", acts.get("type"), "float", "FP8 activations")
+        _expect("input_activations.dynamic", acts.get("dynamic"), True, "dynamic scales")
+        _expect("input_activations.type", acts.get("type"), "float", "FP8 activations")
         scheme = "dynamic-token"
     if arch in _UNSUPPORTED_ARCHITECTURES:
         raise ValueError(f"compressed-tensors checkpoints of {arch} are not supported yet")
@@ -76,7 +76,7 @@ def _scheme_key(group: Any) -> str:
     return json.dumps({k: group.get(k) for k in ("weights", "input_activations")}, sort_keys=True)
 
 
-def _expect(_: dict, field: str, value: Any, want: Any, supported: str) -> None:
+def _expect(field: str, value: Any, want: Any, supported: str) -> None:
     if value != want:
         _refuse(f"config_groups.*.{field}", value, f"{supported} ({want!r})")
 

@@ -388,3 +388,11 @@ class EngineConfig:
         import torch
 
         return torch.float8_e4m3fn if self.cache.kv_cache_dtype == "fp8" else self.torch_dtype
+
+    @property
+    def kv_dtype_name(self) -> str:
+        """The KV cache's element type by name ("float8_e4m3fn", "bfloat16", ...): what the
+        model card, logs and benchmarks show."""
+        if self.cache.kv_cache_dtype == "fp8":
+            return "float8_e4m3fn"
+        return self.dtype.replace("torch.", "")

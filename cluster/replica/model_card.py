@@ -24,5 +24,5 @@ def model_card(name: str, engine: AsyncEngine, created: int) -> dict[str, Any]:
         "kv_cache_tokens": engine.input_checker.kv_cache_tokens,
         "created": created,
         "quantization": describe_quantization(config.model.quantization),
-        "kv_cache_dtype": str(config.kv_torch_dtype).removeprefix("torch."),
+        "kv_cache_dtype": config.kv_dtype_name,
     }

@@ -107,7 +107,7 @@ class LLMEngine:
             self.block_manager.num_blocks,
             config.cache.block_size,
             self.block_manager.num_blocks * config.cache.block_size,
-            str(config.kv_torch_dtype).removeprefix("torch."),
+            config.kv_dtype_name,
             config.scheduler.max_model_len,
             config.device_type,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
 import ray
 from ray.util.placement_group import (
@@ -36,17 +37,31 @@ class RankWorker:
         self.config = config
         self.rank = rank
         self.worker = None
+        self._store: Any = None  # rank 0's rendezvous store, held from `address` to `init`
 
     def address(self) -> tuple[str, int]:
-        import socket
+        """Rank 0's rendezvous address. Its store listens from here on, on a port the OS
+        picked: a port chosen now and bound later could be taken in between by another
+        process (ranks of other replicas starting on the same node)."""
+        import torch.distributed as dist
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        host = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(
+            host,
+            0,
+            self.config.parallel.tensor_parallel_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=self._timeout(),
+        )
+        return host, self._store.port
+
+    def _timeout(self) -> timedelta:
+        return timedelta(seconds=self.config.parallel.step_timeout_s)
 
     def init(self, master: tuple[str, int]) -> int:
         import torch
+        import torch.distributed as dist
 
         from workers.device.distributed import TPGroup
         from workers.device.platform import Platform
@@ -56,12 +71,17 @@ class RankWorker:
         size = self.config.parallel.tensor_parallel_size
         if platform.is_cuda:
             torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
-        torch.distributed.init_process_group(
+        store = self._store
+        if store is None:  # ranks > 0 join rank 0's store
+            store = dist.TCPStore(
+                master[0], master[1], size, is_master=False, timeout=self._timeout()
+            )
+        dist.init_process_group(
             backend=platform.dist_backend,
-            init_method=f"tcp://{master[0]}:{master[1]}",
+            store=store,
             rank=self.rank,
             world_size=size,
-            timeout=timedelta(seconds=self.config.parallel.step_timeout_s),
+            timeout=self._timeout(),
         )
         self.worker = Worker(self.config, TPGroup(self.rank, size), platform.torch_device(0))
         return self.worker.available_kv_blocks()

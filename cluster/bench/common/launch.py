@@ -165,6 +165,22 @@ class LocalCluster:
         ray.shutdown()
 
 
+def launch_error(args: argparse.Namespace) -> str | None:
+    """The --launch app's caps checked as its ServeConfig will check them, before Ray starts
+    (a bad value would otherwise surface only at deploy, after the cluster is up); None when
+    they are valid."""
+    caps = {
+        key: getattr(args, key)
+        for key in ("max_queued_requests", "max_ongoing_requests")
+        if getattr(args, key, None) is not None
+    }
+    try:
+        ServeConfig.from_flat(num_replicas=args.num_replicas, **caps)
+    except (TypeError, ValueError) as err:
+        return str(err)
+    return None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -144,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print("kvray bench serve: --rounds must be >= 1", file=sys.stderr)
         return 2
+    if args.launch and (err := launch.launch_error(args)) is not None:
+        print(f"kvray bench serve: {err}", file=sys.stderr)
+        return 2
     model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
     if args.chaos is not None:

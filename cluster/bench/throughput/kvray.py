@@ -50,7 +50,7 @@ def run_kvray(
         on_amx = _on_amx(llm)
         kv_blocks = llm.engine.block_manager.num_blocks
         block_size = llm.engine.config.cache.block_size
-        kv_dtype = str(llm.engine.config.kv_torch_dtype).removeprefix("torch.")
+        kv_dtype = llm.engine.config.kv_dtype_name
     finally:
         llm.engine.shutdown()  # frees the KV cache (and TP workers) before the next backend
         del llm

@@ -133,20 +133,24 @@ class Prepared:
         return [GenerateRequest(f"{request_id}-{i}", inp) for i, inp in enumerate(self.inputs)]
 
 
-def read_outputs(source: Source) -> Outputs:
-    """The source's tool use and output constraint (steps 3 and 4), each parsed once."""
+def read_outputs(source: Source, tool_format: str | None = None) -> Outputs:
+    """The source's tool use and output constraint (steps 3 and 4), each parsed once;
+    `tool_format`: how the model writes calls (the deployment's, which forced calls keep;
+    None: not known, forced calls are the JSON array every format reads)."""
     use = source.tool_use()
+    if use is not None and use.format != tool_format:
+        use = replace(use, format=tool_format)
     own = source.own_constraint()
     calls = use.constraint(source.tools_field) if use is not None else None
     return Outputs(use, structured.only_one([c for c in (own, calls) if c is not None]))
 
 
 def read_sampling(
-    source: Source, limits: RequestLimits = DEFAULT_LIMITS
+    source: Source, limits: RequestLimits = DEFAULT_LIMITS, tool_format: str | None = None
 ) -> tuple[SamplingParams, Outputs]:
     """Steps 2 to 5: the SamplingParams, and the tool use and constraint they hold."""
     kwargs = source.sampling_kwargs()
-    outputs = read_outputs(source)
+    outputs = read_outputs(source, tool_format)
     if outputs.constraint is not None:
         kwargs["structured_outputs"] = outputs.constraint.spec
     return checks.sampling_params(kwargs, stream=source.stream, limits=limits), outputs
@@ -190,7 +194,7 @@ class Preparer:
         """The request checked into the engine's inputs (module doc), under the adapter `lora`
         (None: the base model) and for `tenant` (who sent it); errors name the field."""
         prompt = source.prompt_input(self.limits)
-        params, outputs = read_sampling(source, self.limits)
+        params, outputs = read_sampling(source, self.limits, self.parsing.tool_format)
         await self.check_compiles(outputs, source)
         token_ids = await self.token_ids(prompt, outputs.tool_use)
         params, outputs = self.read_answer(prompt, token_ids, params, outputs)
@@ -213,14 +217,11 @@ class Preparer:
         params: SamplingParams,
         outputs: Outputs,
     ) -> tuple[SamplingParams, Outputs]:
-        """Step 8, and the deployment's tool-call format on the tool use: a chat's reasoning
+        """Step 8, and special tokens kept for a format that needs them: a chat's reasoning
         is read from its prompt, and when its output starts inside the reasoning, its
         constraint waits for the reasoning's end (the grammar shapes the answer, not the
         thinking)."""
         use = outputs.tool_use
-        if use is not None and use.format != self.parsing.tool_format:
-            use = replace(use, format=self.parsing.tool_format)
-            outputs = replace(outputs, tool_use=use)
         if use is not None and use.parses and use.format in SPECIAL_TOKEN_FORMATS:
             # Mistral's [TOOL_CALLS] is a special token: the text must keep it to be read.
             params = replace(params, skip_special_tokens=False)

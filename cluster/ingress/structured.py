@@ -80,6 +80,16 @@ def schema_constraint(schema: Any, field: str) -> Constraint:
     return Constraint(spec, field)
 
 
+def grammar_constraint(grammar: str, field: str) -> Constraint:
+    """A grammar constraint kvray built itself (e.g. forced tool calls in the model's own
+    format), held to the size bound of the schemas it embeds."""
+    if len(grammar) > MAX_SCHEMA_BYTES:
+        raise InvalidRequestError(
+            field, f"{field} makes a grammar of {len(grammar)} bytes; at most {MAX_SCHEMA_BYTES}"
+        )
+    return Constraint(StructuredOutputs(grammar=grammar), field)
+
+
 def schema_text_constraint(text: str, field: str) -> Constraint:
     """A JSON-schema constraint from schema text (gRPC sends the schema as a string)."""
     if len(text) > MAX_SCHEMA_BYTES:

@@ -1,14 +1,15 @@
 """OpenAI tools and tool_choice, checked at the ingress, and the constraint they imply.
 
-`tool_choice` "auto" lets the model choose: its output is read by the `<tool_call>` parser
-(cluster/ingress/tool_calls.py), the convention the chat template teaches the model (Hermes /
-Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`). "required" and a named
-function constrain the output to a JSON schema built from the tools' parameters: a JSON array
-of call objects `{"name": ..., "arguments": {...}}` — the same objects the tags wrap — with at
-least one call (exactly one when `parallel_tool_calls` is false, or for a named function), so
-even a weak model returns calls whose arguments validate. Arguments hold the declared
-parameters only, unless a tool's schema sets `additionalProperties` itself. "none" leaves
-the output alone.
+`tool_choice` "auto" lets the model choose: its output is read by the reader of the
+deployment's tool-call format (cluster/ingress/tool_formats/), the convention the chat
+template teaches the model (Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`). "required" and a named function constrain the output with a grammar built
+from the tools' parameters, with at least one call (exactly one when `parallel_tool_calls` is
+false, or for a named function), so even a weak model returns calls whose arguments
+validate: calls in the format itself where a grammar can hold it (tool_formats/grammars.py),
+else a JSON array of call objects `{"name": ..., "arguments": {...}}`. Arguments hold the
+declared parameters only, unless a tool's schema sets `additionalProperties` itself. "none"
+leaves the output alone.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.errors import InvalidRequestError
-from cluster.ingress.structured import Constraint, schema_constraint
+from cluster.ingress.structured import Constraint, grammar_constraint, schema_constraint
 from cluster.ingress.tool_calls import ToolCallParser
 from cluster.ingress.tool_formats import make_tool_parser
+from cluster.ingress.tool_formats.grammars import arguments_key, call_grammar, has_call_grammar
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -66,9 +68,10 @@ class ToolUse:
     tools: tuple[Tool, ...]
     choice: ToolChoice
     parallel: bool = True
-    # How the model writes calls with tool_choice "auto" (cluster/ingress/tool_formats/): the
-    # deployment's tool_call_parser, set by the Preparer (cluster/ingress/prepare.py).
-    format: str = "hermes"
+    # How the model writes calls (cluster/ingress/tool_formats/): the deployment's resolved
+    # tool_call_parser, set by the Preparer (cluster/ingress/prepare.py). None: not known
+    # (a ToolUse read outside a deployment): calls read as hermes, forced ones as the array.
+    format: str | None = None
 
     @property
     def parses(self) -> bool:
@@ -85,9 +88,10 @@ class ToolUse:
         """A reader of one choice's output for this request's calls."""
         most = None if self.parallel and self.choice.mode != "named" else 1
         parameters = {t.name: t.parameters for t in self.tools}
-        return make_tool_parser(
-            self.format, self.names(), self.choice.constrained, most, parameters
-        )
+        # Forced calls held to the format's own grammar read as the format's unforced ones.
+        fmt = self.format or "hermes"
+        array = self.choice.constrained and (self.format is None or not has_call_grammar(fmt))
+        return make_tool_parser(fmt, self.names(), array, most, parameters)
 
     def parameter_constraints(self, field_of: Callable[[int], str]) -> list[Constraint]:
         """Each tool's parameters as a constraint, named `field_of(i)`: the ingress checks
@@ -97,11 +101,17 @@ class ToolUse:
         ]
 
     def constraint(self, field: str = "tools") -> Constraint | None:
-        """The JSON-schema constraint of "required" / a named function, else None; `field`
-        is what a schema error names (where the request holds the tools)."""
+        """The constraint of "required" / a named function, else None: the calls in the
+        format's own shape where it has a grammar (cluster/ingress/tool_formats/grammars.py),
+        else the JSON array of calls; `field` is what an error names (where the request holds
+        the tools)."""
         if not self.choice.constrained:
             return None
-        return schema_constraint(calls_schema(self), field)
+        if self.format is None or not has_call_grammar(self.format):
+            return schema_constraint(calls_schema(self), field)
+        objects = call_objects(self, arguments_key(self.format))
+        one = self.choice.mode == "named" or not self.parallel
+        return grammar_constraint(call_grammar(self.format, objects, one), field)
 
 
 def parse_tools(tools: Sequence[Any] | None, field: str = "tools") -> tuple[Tool, ...]:
@@ -213,18 +223,23 @@ def tool_use(
     return ToolUse(parsed, choice, parallel_tool_calls is not False)
 
 
-def calls_schema(use: ToolUse) -> dict[str, Any]:
-    """The JSON schema of the constrained output: an array of {"name", "arguments"} calls."""
+def call_objects(use: ToolUse, key: str = "arguments") -> list[dict[str, Any]]:
+    """The JSON schema of one call object per tool the request may call: {"name", `key`}."""
     tools = [t for t in use.tools if use.choice.mode != "named" or t.name == use.choice.name]
-    calls = [
+    return [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": _closed(t.parameters)},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": t.name}, key: _closed(t.parameters)},
+            "required": ["name", key],
             "additionalProperties": False,
         }
         for t in tools
     ]
+
+
+def calls_schema(use: ToolUse) -> dict[str, Any]:
+    """The JSON schema of the constrained output: an array of {"name", "arguments"} calls."""
+    calls = call_objects(use)
     items = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
     if use.choice.mode == "named" or not use.parallel:

@@ -12,8 +12,10 @@ The names are vLLM's `--tool-call-parser` names, which users already know:
 - `auto`: the format the chat template teaches (`detect_tool_format`).
 
 Every reader has one interface (`ToolCallReader`): `feed` / `finish` give content text and
-whole calls, the same ones whether the output comes whole or a character at a time; and
-constrained output (tool_choice "required" / named) is the same JSON array in every format.
+whole calls, the same ones whether the output comes whole or a character at a time. Forced
+calls (tool_choice "required" / named) are written in the format itself where a grammar can
+hold it (grammars.py: hermes, llama3_json) and read as unforced ones; in the other formats
+they are the JSON array of calls, read by every reader's constrained mode.
 """
 
 from __future__ import annotations

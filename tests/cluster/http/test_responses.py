@@ -338,7 +338,8 @@ def test_calls_are_function_call_items_streamed_or_not(preparer: Preparer) -> No
 
 def test_a_forced_call_is_the_only_item(preparer: Preparer) -> None:
     fmt = _formatter(preparer, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
-    out = _outputs([f'[{{"name": "weather", "arguments": {ARGS}}}]'], "stop")
+    # Held to the deployment's format (hermes here): a <tool_call> block.
+    out = _outputs([f'<tool_call>\n{{"name":"weather","arguments":{ARGS}}}\n</tool_call>'], "stop")
     whole = Response.model_validate(fmt.response(out))
     assert [i.type for i in whole.output] == ["function_call"]
     assert whole.tool_choice == "required" and whole.parallel_tool_calls is False

@@ -127,6 +127,37 @@ def test_responses_returns_a_reasoning_item_before_the_call(kvray_app: App) -> N
     assert [i.type for i in r.output] == ["reasoning", "function_call"]
     assert r.output[0].content and r.output[0].content[0].text
     jsonschema.validate(json.loads(r.output[1].arguments), WEATHER)
+    # Streamed: the reasoning's events first, the same text; then the call.
+    with client.responses.stream(
+        model=MODEL,
+        input=ASK,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=100,
+        temperature=0.0,
+        extra_body=THINK,
+    ) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    first_call = kinds.index("response.function_call_arguments.delta")
+    assert "response.reasoning_text.delta" in kinds[:first_call]
+    assert final.output[0].content[0].text == r.output[0].content[0].text
+    # The reasoning and the call sent back (reasoning items are dropped from the prompt),
+    # with the call's output: the model thinks again, then answers.
+    second = client.responses.create(
+        model=MODEL,
+        input=[
+            *ASK,
+            *[item.model_dump(exclude_none=True) for item in r.output],
+            {"type": "function_call_output", "call_id": r.output[1].call_id, "output": "sunny"},
+        ],
+        tools=tools,
+        max_output_tokens=24,
+        temperature=0.0,
+        extra_body=THINK,
+    )
+    assert second.output[0].type == "reasoning"
 
 
 def test_messages_thinks_in_a_thinking_block_then_uses_the_tool(kvray_app: App) -> None:
@@ -163,3 +194,31 @@ def test_messages_thinks_in_a_thinking_block_then_uses_the_tool(kvray_app: App) 
         extra_body={"temperature": 0.0},
     )
     assert second.content and second.content[0].type == "thinking"
+
+
+def test_bad_reasoning_fields_are_each_apis_400_naming_them(kvray_app: App) -> None:
+    import openai
+
+    client = openai_client(kvray_app)
+    for extra, field in [
+        ({"thinking_token_budget": -1}, "thinking_token_budget"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=MODEL, messages=ASK, max_tokens=2, extra_body=extra
+            )
+        assert err.value.body["param"] == field, err.value.body  # type: ignore[index]
+    claude = anthropic.Anthropic(
+        base_url=kvray_app.base_url, api_key=kvray_app.api_key, max_retries=0, timeout=120
+    )
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=2,
+            thinking={"type": "enabled"},  # type: ignore[typeddict-item]
+        )
+    error = bad.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error" and "thinking" in error["message"]

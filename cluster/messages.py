@@ -3,8 +3,8 @@
 An ingress checks a request once, into the engine's own types (`workers.inputs.EngineInput`:
 token ids against the vocabulary and max_model_len, SamplingParams validated, the output
 kind set), before it is routed; what is behind the handle trusts it. The prefix-affinity
-router (cluster/routing/router.py) reads `routing_key` and `input.prompt_token_ids` from the
-pending request's first argument.
+router (cluster/routing/router.py) reads `routing_key`, `input.prompt_token_ids` and
+`prefer_node_id` from the pending request's first argument.
 """
 
 from __future__ import annotations
@@ -36,3 +36,7 @@ class GenerateRequest:
     # prompt's KV blocks before the output that ends it), "decode" on the decode replica that
     # continues it (pull them, whatever the cost model says); None: an ordinary request.
     handoff: str | None = None
+    # Kubernetes inference gateways (cluster/http/gateway_hint.py): the Ray node id of the pod
+    # the gateway's endpoint picker chose; the routers prefer a replica there that has room.
+    # None: no preference.
+    prefer_node_id: str | None = None

@@ -1,11 +1,12 @@
-"""The network section: the API key's variable, TLS for both APIs, and the gRPC listener's
-message bound and drain (where to listen is not part of the app: cluster/cli/flags.py)."""
+"""The network section: the API key's variable, TLS for both APIs, the gRPC listener's
+message bound and drain, and the engine replicas' gateway metrics port (where the APIs
+listen is not part of the app: cluster/cli/flags.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.config.checks import is_num, need, need_positive_ints
+from cluster.config.checks import is_int, is_num, need, need_positive_ints
 from cluster.config.setting import NETWORK_GROUP, setting
 
 # Ports (docs/contracts.md): HTTP is Ray Serve's default, metrics the port KubeRay's Prometheus
@@ -48,9 +49,21 @@ class NetworkSettings:
     tls_key_file: str | None = setting(
         None, "PEM private key of --tls-cert", NETWORK_GROUP, name="--tls-key", kind="path"
     )
+    # cluster/replica/gateway_metrics.py: the load gauges a Kubernetes inference gateway's
+    # endpoint picker scrapes from each model-server pod, under vLLM's names. One replica per
+    # node (pod) can hold the port; another one on that node logs a warning and serves on.
+    engine_metrics_port: int = setting(
+        0,
+        "port on which each engine replica serves GET /metrics with vLLM-named gauges "
+        "(vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ...) for the endpoint picker "
+        "of a Kubernetes inference gateway (0: off)",
+        NETWORK_GROUP,
+    )
 
     def __post_init__(self) -> None:
         need_positive_ints(self, "grpc_max_message_bytes")
+        p = self.engine_metrics_port
+        need(is_int(p) and 0 <= p <= 65535, "engine_metrics_port", "must be a port or 0", p)
         d = self.grpc_drain_s
         need(is_num(d) and d >= 0, "grpc_drain_s", "must be >= 0", d)
         need(

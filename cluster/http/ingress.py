@@ -41,6 +41,7 @@ from cluster.http import streams
 from cluster.http.echo import prompt_echo
 from cluster.http.embeddings import add_embeddings_route
 from cluster.http.format import Formatter
+from cluster.http.gateway_hint import GatewayHint, hinted
 from cluster.http.guard import RequestGuard, api_path
 from cluster.http.lora_routes import add_lora_routes
 from cluster.http.messages_errors import from_status, is_messages_path
@@ -132,7 +133,7 @@ class OpenAIIngress:
     def __serve_build_asgi_app__(self) -> Any:
         # Auth and the body-size bound run before FastAPI reads the body (cluster/http/guard.py).
         guarded = RequestGuard(
-            build_api(self),
+            GatewayHint(build_api(self)),  # an inference gateway's pod choice (gateway_hint.py)
             self.auth,
             self.config.limits.max_request_body_bytes,
             self.metrics,
@@ -159,7 +160,8 @@ class OpenAIIngress:
         completions' SSE chunks, or /v1/responses' events)."""
         await self.gate.admit(prepared)  # 429 over the tenant's quota
         self.metrics.checked("http", prepared.params)
-        outs = [self.gate.metered(self.client.generate(r), r) for r in prepared.requests(fmt.id)]
+        reqs = hinted(prepared.requests(fmt.id))  # the node a gateway chose, if any
+        outs = [self.gate.metered(self.client.generate(r), r) for r in reqs]
         try:
             # The first output of every prompt before answering: errors (400/429/503) become
             # a status code, not a broken stream.

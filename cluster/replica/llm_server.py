@@ -41,6 +41,7 @@ from cluster.errors import (
 from cluster.replica.deadline import with_deadline
 from cluster.replica.engine_restart import EngineSupervisor
 from cluster.replica.engine_spans import replica_spans
+from cluster.replica.gateway_metrics import gateway_metrics
 from cluster.replica.kv_publish import kv_publisher
 from cluster.replica.kv_share import replica_kv_share
 from cluster.replica.model_card import model_card
@@ -102,6 +103,8 @@ class LLMServer:
         self._metrics = EngineMetrics(model=self._model_name, replica=self._replica)
         # Tracing (cluster/replica/engine_spans.py); None: off, nothing traced.
         self._spans = replica_spans(config, self._replica, self._model_name)
+        # vLLM-named gauges for inference gateways (gateway_metrics.py; engine_metrics_port).
+        self._gateway = gateway_metrics(config, lambda: self._engine.stats(), self._queued)
         self._stats_task = asyncio.get_running_loop().create_task(self._push_stats_forever())
         self._supervise_task = asyncio.get_running_loop().create_task(self._supervisor.run())
         # KV events for the kv_events router, through routing stats (None: another router).
@@ -181,6 +184,7 @@ class LLMServer:
             raise
         self._in_flight += held
         self._streams += streamed
+        self._gateway.track(request.request_id, inp.lora)
         spans = self._spans
         span = spans.start(request, queued) if spans is not None else None
         finished = cancelled = False
@@ -237,6 +241,7 @@ class LLMServer:
             self._in_flight -= held
             self._queued_tokens.release(request.request_id)
             self._share.left(request.request_id)
+            self._gateway.untrack(request.request_id)
             if not finished:
                 # Caller went away (disconnect, cancel) or we failed: free the KV blocks now.
                 self._engine.abort(request.request_id)

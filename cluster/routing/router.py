@@ -31,6 +31,12 @@ A request under a LoRA adapter (`EngineInput.lora`) goes first where its adapter
 then by prefix (its key salted with the adapter's id), then by load; when the adapter's
 holders are saturated it spreads to others, which then load it (cluster/routing/lora_policy.py).
 
+A request a Kubernetes inference gateway sent to one pod (`GenerateRequest.prefer_node_id`,
+the Ray node of the pod its endpoint picker chose: cluster/http/gateway_hint.py) goes to a
+replica on that node while one there is below its `max_ongoing_requests`, chosen among them by
+the rules here; else it is routed as any other. The picker has weighed the pods' load and
+caches already, so its choice wins over this router's own prefix guess.
+
 `--request-router kv_events` (cluster/routing/kv_router.py) routes on what the engines report
 holding instead of this guess; it keeps this rule as its tie-break ("home" replica) and for
 calls with an explicit routing key.
@@ -199,9 +205,25 @@ class PrefixAffinityRouter(FulfillOwnRequest, RequestRouter):
         self, replicas: list[RunningReplica], pending_request: PendingRequest | None
     ) -> list[RunningReplica]:
         """The live replicas (`live_replicas`) with room in their waiting queue; all the live
-        ones when none has room (the request then waits in Serve's queue or gets its 429)."""
+        ones when none has room (the request then waits in Serve's queue or gets its 429).
+        Of those, only the ones on the request's preferred node when any there is below its
+        max_ongoing_requests (`on_preferred_node`)."""
         alive = live_replicas(replicas, pending_request)
-        return [r for r in alive if self._has_room(r)] or alive
+        roomy = [r for r in alive if self._has_room(r)] or alive
+        return self.on_preferred_node(roomy, pending_request) or roomy
+
+    def on_preferred_node(
+        self, replicas: list[RunningReplica], pending_request: PendingRequest | None
+    ) -> list[RunningReplica]:
+        """The `replicas` on the node the request prefers (`prefer_node_id`) that are below
+        their max_ongoing_requests; [] when it prefers none, or none there can take it."""
+        request = pending_request.args[0] if pending_request and pending_request.args else None
+        node = getattr(request, "prefer_node_id", None)
+        if not node:
+            return []
+        return [
+            r for r in replicas if r.node_id == node and self._in_flight(r) < r.max_ongoing_requests
+        ]
 
     # -- internals -----------------------------------------------------------------------
 

@@ -25,6 +25,9 @@ CUSTOM_KINDS = {
     ("ray.io/v1", "RayService"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    # Inference gateways (test_render_gateway.py).
+    ("inference.networking.k8s.io/v1", "InferencePool"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -49,7 +49,6 @@ from cluster.bench.common.backends import BACKENDS, BackendContext, RequestRecor
 from cluster.bench.common.launch import (
     LocalCluster,
     server_context,
-    single_app,
     with_server_defaults,
 )
 from cluster.bench.common.result import write_result_json
@@ -61,7 +60,7 @@ from cluster.bench.common.workload import (
 )
 from cluster.bench.fault import main as fault
 from cluster.bench.serve import lora as serve_lora
-from cluster.bench.serve import overload
+from cluster.bench.serve import overload, overload_command
 from cluster.bench.serve.cpu import cpu_seconds_by_role, ms_per_token
 from cluster.bench.serve.report import compare, format_report, summarize, summary_line
 from cluster.bench.serve.salt import salt_workload
@@ -128,31 +127,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_lora.add_arguments(parser)
 
 
+def _usage_error(args: argparse.Namespace, backends: list[str], bad: list[str]) -> str | None:
+    """What is wrong with the command line before anything starts, or None."""
+    if bad:
+        return f"unknown backend/router {bad}"
+    if not args.launch and not args.base_url and set(backends) - {"inprocess"}:
+        return "give --base-url or --launch"
+    if args.overload and backends != ["http"]:
+        return "--overload runs over the http backend only"
+    if args.rounds < 1:
+        return "--rounds must be >= 1"
+    return launch.launch_error(args) if args.launch else None
+
+
 def run(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     routers = [r.strip() for r in args.request_router.split(",") if r.strip()]
     bad = [b for b in backends if b not in BACKENDS] + [r for r in routers if r not in ROUTERS]
-    if bad:
-        print(f"kvray bench serve: unknown backend/router {bad}", file=sys.stderr)
-        return 2
-    if not args.launch and not args.base_url and set(backends) - {"inprocess"}:
-        print("kvray bench serve: give --base-url or --launch", file=sys.stderr)
-        return 2
-    if args.overload and backends != ["http"]:
-        print("kvray bench serve: --overload runs over the http backend only", file=sys.stderr)
-        return 2
-    if args.rounds < 1:
-        print("kvray bench serve: --rounds must be >= 1", file=sys.stderr)
-        return 2
-    if args.launch and (err := launch.launch_error(args)) is not None:
-        print(f"kvray bench serve: {err}", file=sys.stderr)
+    error = _usage_error(args, backends, bad)
+    if error is not None:
+        print(f"kvray bench serve: {error}", file=sys.stderr)
         return 2
     model_dir = Path(args.model) if args.model else _demo_dir()
     token_ids = sampleable_token_ids(model_dir)
     if args.chaos is not None:
         return chaos.run_command(args, model_dir, token_ids)
     if args.overload:
-        return _overload(args, model_dir, token_ids)
+        return overload_command.run_command(args, model_dir, token_ids)
     if args.fault_at is not None:
         return fault.run_command(args, model_dir, token_ids)
     # Round r's prompts: seed + r, so no round is served from the previous one's prefix cache.
@@ -365,36 +366,6 @@ async def _rounds(
             summary["group"] = group
             summaries.append(summary)
     return summaries
-
-
-# -- --overload N (overload.py) ----------------------------------------------------------------
-
-
-def _overload(args: argparse.Namespace, model_dir: Path, token_ids: Sequence[int]) -> int:
-    workload = build_workload(
-        argparse.Namespace(**{**vars(args), "num_prompts": args.overload}), token_ids
-    )
-    warmup = warmup_workload(token_ids, seed=args.seed, num=args.warmup_requests)
-    print(
-        f"kvray bench serve --overload: {args.overload} requests at once, {args.input_len} "
-        f"prompt + {args.output_len} output tokens each"
-    )
-    base = server_context(args, model_dir)
-    with contextlib.ExitStack() as stack:
-        # The app's default caps (max_queued None): the point is to go far past them.
-        ctx, app_name = single_app(args, base, stack, max_queued=None)
-        # Its own event loop, closed before Serve and Ray shut down: the stats handle's router
-        # runs on it and must not outlive them.
-        summary = asyncio.run(
-            overload.run_overload(
-                args, ctx.base_url or "", ctx.model, workload.requests, warmup.requests, app_name
-            )
-        )
-    overload.print_overload(summary)
-    if args.result_json:
-        write_result_json(args.result_json, {"workload": workload.describe(), "overload": summary})
-        print(f"\nwrote {args.result_json}")
-    return 0 if overload.overload_ok(summary) else 1
 
 
 def _demo_dir() -> Path:

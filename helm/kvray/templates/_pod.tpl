@@ -85,6 +85,11 @@ spec:
         {{- end }}
         - name: metrics
           containerPort: {{ $v.ray.metricsPort }}
+        {{- if and $v.gateway.enabled (not $isHead) }}
+        # The engine replica's vLLM-named gauges, for an inference gateway's endpoint picker.
+        - name: engine-metrics
+          containerPort: {{ $v.gateway.engineMetricsPort }}
+        {{- end }}
       {{- $secret := include "kvray.apiKeySecretName" $root }}
       env:
         # Ray Serve settings kvray runs with (cluster/deploy/serve_env.py, kept equal by a test):

@@ -43,6 +43,7 @@ the application's own defaults apply.
 {{- if ne $e.kvCacheDtype "auto" }}{{ $_ := set $args "kv_cache_dtype" $e.kvCacheDtype }}{{ end }}
 {{- if ne $e.toolCallParser "auto" }}{{ $_ := set $args "tool_call_parser" $e.toolCallParser }}{{ end }}
 {{- with $e.reasoningParser }}{{ $_ := set $args "reasoning_parser" . }}{{ end }}
+{{- if .Values.gateway.enabled }}{{ $_ := set $args "engine_metrics_port" (int64 .Values.gateway.engineMetricsPort) }}{{ end }}
 {{- $pd := $s.disaggregation }}
 {{- if gt (int64 $pd.prefillReplicas) 0 }}
 {{- $_ := set $args "prefill_replicas" (int64 $pd.prefillReplicas) }}

@@ -43,6 +43,8 @@ def build_generate_request(
     parallel_tool_calls: bool | None = None,
     prompt_logprobs: int | None = None,
     priority: int = 0,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    thinking_token_budget: int | None = None,
     **sampling: Any,
 ) -> llm_pb2.GenerateRequest:
     """A GenerateRequest from Python values.
@@ -55,8 +57,10 @@ def build_generate_request(
     `prompt_logprobs` (0-20 alternatives) for the prompt tokens' (response.prompt_logprobs).
     `tools` (OpenAI tool dicts), `tool_choice` ("auto", "none", "required", or a function
     name as {"name": ...} or OpenAI's {"type": "function", "function": {"name": ...}}) and
-    `parallel_tool_calls` go with `messages`. `priority`: the queue priority, lower is more
-    urgent.
+    `parallel_tool_calls` go with `messages`, as do `chat_template_kwargs` (extra template
+    variables, e.g. {"enable_thinking": False}) and `thinking_token_budget` (tokens of thinking
+    before `</think>` is forced; needs a server with --reasoning-parser). `priority`: the queue
+    priority, lower is more urgent.
     """
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt and messages")
@@ -64,10 +68,18 @@ def build_generate_request(
     if unknown:
         raise TypeError(f"unknown sampling option(s): {', '.join(unknown)}")
     req = llm_pb2.GenerateRequest(model=model, request_id=request_id, priority=priority)
+    chat_only = (tool_choice, parallel_tool_calls, chat_template_kwargs, thinking_token_budget)
     if messages is not None:
         req.chat.CopyFrom(chat_messages(messages, tools, tool_choice, parallel_tool_calls))
-    elif tools or tool_choice is not None or parallel_tool_calls is not None:
-        raise ValueError("tools, tool_choice and parallel_tool_calls need messages")
+        if chat_template_kwargs is not None:  # unset ("") is no variables
+            req.chat.chat_template_kwargs_json = json.dumps(dict(chat_template_kwargs))
+        if thinking_token_budget is not None:
+            req.chat.thinking_token_budget = thinking_token_budget
+    elif tools or any(x is not None for x in chat_only):
+        raise ValueError(
+            "tools, tool_choice, parallel_tool_calls, chat_template_kwargs and "
+            "thinking_token_budget need messages"
+        )
     elif isinstance(prompt, str):
         req.text = prompt
     else:

@@ -1,4 +1,5 @@
-"""kvray.v1 messages <-> the engine's SamplingParams and RequestOutputs.
+"""kvray.v1 requests -> the engine's SamplingParams and inputs (RequestOutputs -> responses:
+answer.py, re-exported here).
 
 Pure functions, no Ray and no server: the gRPC ingress (cluster/grpc_api/servicer.py) is these
 plus transport and the shared ingress preparation (cluster/ingress/prepare.py), which reads a
@@ -6,29 +7,39 @@ GenerateRequest through `GenerateSource`. Sampling options get the same
 defaults as the HTTP API (max_tokens 16 for text and token-id prompts as /v1/completions, unset
 for chat as /v1/chat/completions), so both APIs give the same output for the same request.
 Field values are checked by the engine's SamplingParams, once for both APIs; errors name the
-field as the client wrote it (`sampling.top_p`).
+field as the client wrote it (`sampling.top_p`). A chat's `chat_template_kwargs_json` and
+`thinking_token_budget` are read into the PromptInput as the HTTP API's chat_template_kwargs and
+thinking_token_budget are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import json
 from typing import TYPE_CHECKING, Any
 
 from cluster.errors import InvalidRequestError
 from cluster.grpc_api import constraints
+
+# The response side lives in answer.py; its names stay importable from here (servicer, tests).
+from cluster.grpc_api.answer import ResponseContext as ResponseContext
+from cluster.grpc_api.answer import StreamState as StreamState
+from cluster.grpc_api.answer import TokenText as TokenText
+from cluster.grpc_api.answer import add_prompt_logprobs as add_prompt_logprobs
+from cluster.grpc_api.answer import final_response as final_response
+from cluster.grpc_api.answer import stream_response as stream_response
+from cluster.grpc_api.answer import token_logprob as token_logprob
+from cluster.grpc_api.answer import usage as usage
 from cluster.ingress import embeddings, prepare
 from cluster.ingress.embeddings import EmbedInput, EmbedOptions
 from cluster.ingress.limits import DEFAULT_LIMITS, RequestLimits
 from cluster.ingress.prepare import PromptInput
-from cluster.ingress.tool_calls import ToolCall, ToolCallParser, finish_reason
 from kvray.v1 import llm_pb2
 from workers.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 if TYPE_CHECKING:
     from cluster.ingress.structured import Constraint
     from cluster.ingress.tools import ToolUse
-    from workers.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+    from workers.outputs import RequestOutput
 
 # /v1/completions' default; chat leaves max_tokens unset (up to the context length).
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -43,20 +54,15 @@ _OPTIONAL_FIELDS = tuple(
     for f in llm_pb2.SamplingParams.DESCRIPTOR.fields
     if f.has_presence and f.name not in _CONSTRAINT_FIELDS
 )
-_FINISH_REASONS = {
-    "stop": llm_pb2.FINISH_REASON_STOP,
-    "length": llm_pb2.FINISH_REASON_LENGTH,
-    "abort": llm_pb2.FINISH_REASON_ABORT,
-    "tool_calls": llm_pb2.FINISH_REASON_TOOL_CALLS,
-}
 # Ingress / SamplingParams field names -> where the field is in a GenerateRequest.
 _REQUEST_FIELD_PATHS = {
     "messages": "chat",
+    "chat_template_kwargs": "chat.chat_template_kwargs_json",  # the template's reserved names
     "logprobs": "logprobs.top_logprobs",
     **{f.name: f"sampling.{f.name}" for f in llm_pb2.SamplingParams.DESCRIPTOR.fields},
 }
-
-TokenText = Callable[[int], str]
+_TEMPLATE_KWARGS_FIELD = "chat.chat_template_kwargs_json"
+_BUDGET_FIELD = "chat.thinking_token_budget"
 # EmbedRequest.pooling_type -> workers.pooling's kind (None: the default, last).
 _POOLING_TYPES = {
     llm_pb2.POOLING_TYPE_UNSPECIFIED: None,
@@ -97,7 +103,16 @@ def prompt_of(
     input check name "prompt", which `request_field_path` places at the member set."""
     kind, value = prompt_input(req, limits)
     if kind == "chat":
-        return PromptInput("chat", chat=value)  # type: ignore[arg-type]
+        chat = req.chat
+        budget = chat.thinking_token_budget if chat.HasField("thinking_token_budget") else None
+        return PromptInput(
+            "chat",
+            chat=value,  # type: ignore[arg-type]
+            template_kwargs=template_kwargs(chat),
+            # Without a reasoning parser the Preparer refuses a budget, naming this field.
+            thinking_budget=budget,
+            budget_field=_BUDGET_FIELD,
+        )
     return PromptInput(kind, batch=(value,))  # type: ignore[arg-type]
 
 
@@ -153,6 +168,27 @@ def chat_messages(
                 f"got {m.role!r}",
             )
     return [constraints.template_message(m) for m in chat.messages]
+
+
+def template_kwargs(chat: llm_pb2.ChatMessages) -> dict[str, Any] | None:
+    """ChatMessages.chat_template_kwargs_json: a JSON object (None: empty). JSON object keys
+    are strings, so an object is all the HTTP API's check (string keys) asks of it."""
+    text = chat.chat_template_kwargs_json
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise InvalidRequestError(
+            _TEMPLATE_KWARGS_FIELD, f"{_TEMPLATE_KWARGS_FIELD} is not valid JSON: {err}"
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            _TEMPLATE_KWARGS_FIELD,
+            f"{_TEMPLATE_KWARGS_FIELD} must be a JSON object with string keys, "
+            f"got {type(value).__name__}",
+        )
+    return value
 
 
 def sampling_kwargs(req: llm_pb2.GenerateRequest, *, chat: bool) -> dict[str, Any]:
@@ -223,166 +259,3 @@ def embed_response(
     resp.usage.prompt_tokens = tokens
     resp.usage.total_tokens = tokens
     return resp
-
-
-@dataclass(frozen=True)
-class ResponseContext:
-    """Per-request constants of the responses: ids, and how to render logprobs."""
-
-    request_id: str
-    model: str
-    top_logprobs: int = 0  # alternatives per position (the request's LogprobsOptions)
-    token_text: TokenText | None = None  # token id -> its text; None leaves `token` empty
-    tools: ToolUse | None = None  # chat tools: the output is read for calls when they parse
-    # GenerateRequest.prompt_logprobs (alternatives per prompt position; None: not asked) and
-    # the prompt they score (a streamed output does not repeat it).
-    prompt_logprobs: int | None = None
-    prompt_token_ids: tuple[int, ...] = ()
-
-    def tool_parser(self) -> ToolCallParser | None:
-        if self.tools is None or not self.tools.parses:
-            return None
-        return self.tools.parser()
-
-
-@dataclass
-class StreamState:
-    """What a GenerateStream has already told the client (finish is sent once per sample)."""
-
-    finished: set[int] = field(default_factory=set)
-    parsers: dict[int, ToolCallParser | None] = field(default_factory=dict)  # per sample
-    calls: dict[int, int] = field(default_factory=dict)  # tool calls sent per sample
-    prompt_logprobs_sent: bool = False
-
-
-def stream_response(
-    out: RequestOutput, state: StreamState, ctx: ResponseContext
-) -> llm_pb2.GenerateResponse | None:
-    """The GenerateStream message for one engine output: deltas only; None if nothing new."""
-    resp = llm_pb2.GenerateResponse(request_id=ctx.request_id, model=ctx.model)
-    for c in out.outputs:
-        newly_finished = c.finish_reason is not None and c.index not in state.finished
-        if not (c.delta_token_ids or c.delta_text or newly_finished):
-            continue
-        if c.index not in state.parsers:
-            state.parsers[c.index] = ctx.tool_parser()
-        parser = state.parsers[c.index]
-        text, calls = c.delta_text, []
-        if parser is not None:
-            events = parser.feed(c.delta_text) + (parser.finish() if newly_finished else [])
-            text, calls = _split(events)
-            state.calls[c.index] = state.calls.get(c.index, 0) + len(calls)
-        dst = resp.completions.add()
-        _fill(dst, c, text, c.delta_token_ids, c.delta_logprobs, ctx)
-        _add_calls(dst, c, calls, state.calls.get(c.index, 0))
-        if newly_finished:
-            state.finished.add(c.index)
-    if not state.prompt_logprobs_sent:  # the first output once the prompt is done has them
-        state.prompt_logprobs_sent = add_prompt_logprobs(resp, out, ctx)
-    if out.finished:
-        resp.usage.CopyFrom(usage(out))
-    elif not (resp.completions or resp.prompt_logprobs):
-        return None
-    return resp
-
-
-def final_response(out: RequestOutput, ctx: ResponseContext) -> llm_pb2.GenerateResponse:
-    """The Generate response: every sample's whole text, from the last (finished) output."""
-    resp = llm_pb2.GenerateResponse(request_id=ctx.request_id, model=ctx.model, usage=usage(out))
-    add_prompt_logprobs(resp, out, ctx)
-    for c in sorted(out.outputs, key=lambda c: c.index):
-        text, calls = c.text, []
-        parser = ctx.tool_parser()
-        if parser is not None:
-            text, calls = _split(parser.feed(c.text) + parser.finish())
-        dst = resp.completions.add()
-        _fill(dst, c, text, c.token_ids, c.logprobs, ctx)
-        _add_calls(dst, c, calls, len(calls))
-    return resp
-
-
-def add_prompt_logprobs(
-    resp: llm_pb2.GenerateResponse, out: RequestOutput, ctx: ResponseContext
-) -> bool:
-    """The prompt's tokens after the first (nothing predicts the first), each with its
-    alternatives, when asked for and `out` has them; whether it added them."""
-    if ctx.prompt_logprobs is None or out.prompt_logprobs is None:
-        return False
-    ids = out.prompt_token_ids or ctx.prompt_token_ids
-    resp.prompt_logprobs.extend(
-        token_logprob(tid, lp, ctx.prompt_logprobs, ctx.token_text)
-        for tid, lp in zip(ids[1:], out.prompt_logprobs[1:], strict=False)
-        if lp is not None
-    )
-    return True
-
-
-def _split(events: list[str | ToolCall]) -> tuple[str, list[ToolCall]]:
-    text = "".join(e for e in events if isinstance(e, str))
-    return text, [e for e in events if isinstance(e, ToolCall)]
-
-
-def _add_calls(
-    dst: llm_pb2.Completion, c: CompletionOutput, calls: list[ToolCall], total: int
-) -> None:
-    """A completion's tool calls; a sample that ended normally with calls ends TOOL_CALLS."""
-    dst.tool_calls.extend(
-        llm_pb2.ToolCall(id=t.id, name=t.name, arguments=t.arguments) for t in calls
-    )
-    if finish_reason(c.finish_reason, total) == "tool_calls":
-        dst.finish_reason = llm_pb2.FINISH_REASON_TOOL_CALLS
-
-
-def usage(out: RequestOutput) -> llm_pb2.Usage:
-    prompt = len(out.prompt_token_ids)
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    return llm_pb2.Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        cached_prompt_tokens=out.num_cached_tokens,
-    )
-
-
-def _fill(
-    dst: llm_pb2.Completion,
-    c: CompletionOutput,
-    text: str,
-    token_ids: list[int],
-    logprobs: list[TokenLogprobs] | None,
-    ctx: ResponseContext,
-) -> None:
-    dst.index = c.index
-    dst.text = text
-    dst.token_ids.extend(token_ids)
-    if logprobs:
-        dst.logprobs.extend(
-            token_logprob(tok, lp, ctx.top_logprobs, ctx.token_text)
-            for tok, lp in zip(token_ids, logprobs, strict=False)
-        )
-    if c.finish_reason is not None:
-        dst.finish_reason = _FINISH_REASONS.get(c.finish_reason, llm_pb2.FINISH_REASON_STOP)
-        if isinstance(c.stop_reason, str):
-            dst.stop_str = c.stop_reason
-        elif isinstance(c.stop_reason, int) and not isinstance(c.stop_reason, bool):
-            dst.stop_token_id = c.stop_reason
-
-
-def token_logprob(
-    token_id: int, position: TokenLogprobs, top_n: int, token_text: TokenText | None = None
-) -> llm_pb2.TokenLogprob:
-    """One position: the chosen token's logprob plus the top_n best, most likely first.
-
-    The engine hands `{token_id: logprob}` holding the top-N and the chosen token (which
-    sampling may pick from outside the top-N, making N + 1 entries).
-    """
-    text = token_text or (lambda _: "")
-    ranked = sorted(position.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
-    return llm_pb2.TokenLogprob(
-        token_id=token_id,
-        token=text(token_id),
-        logprob=position.get(token_id, float("nan")),
-        top_logprobs=[
-            llm_pb2.TopLogprob(token_id=t, token=text(t), logprob=lp) for t, lp in ranked
-        ],
-    )

@@ -242,6 +242,7 @@ class LLMServicer(llm_pb2_grpc.LLMServiceServicer):
             tools=prepared.tool_use,
             prompt_logprobs=request.prompt_logprobs if prompt_logprobs else None,
             prompt_token_ids=llm_req.input.prompt_token_ids if prompt_logprobs else (),
+            reasoning=prepared.outputs.reasoning,  # a chat's, with a reasoning parser on
         )
         return llm_req, ctx
 

@@ -106,3 +106,14 @@ def test_sampling_fields_cover_the_http_api() -> None:
     # field of the request (its answer is the response's, not a completion's).
     assert set(http) - {"logprobs", "prompt_logprobs"} <= grpc_fields
     assert {"logprobs", "prompt_logprobs"} <= set(llm_pb2.GenerateRequest.DESCRIPTOR.fields_by_name)
+
+
+def test_reasoning_fields_and_their_numbers() -> None:
+    # Field numbers are the wire contract: added after the existing ones, never renumbered.
+    from kvray.v1 import llm_pb2
+
+    chat = llm_pb2.ChatMessages.DESCRIPTOR.fields_by_name
+    assert chat["chat_template_kwargs_json"].number == 5
+    assert chat["thinking_token_budget"].number == 6
+    assert chat["thinking_token_budget"].has_presence  # unset differs from a budget of 0
+    assert llm_pb2.Completion.DESCRIPTOR.fields_by_name["reasoning"].number == 9

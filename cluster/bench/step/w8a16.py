@@ -4,8 +4,10 @@ int-quantized, per-channel scales) checkpoint, in one run, through `kvray bench 
 decode measurement (cluster/bench/step/main.py `measure`).
 
 Three engines, one after the other, the same prompts and settings: the full-precision
-checkpoint; the int8 one on CPU's int8 GEMM (`torch._weight_int8pack_mm`); the int8 one
-dequantized in each forward (`cpu_kernels` off: workers/device/layers/int8_linear.py). The
+checkpoint; the int8 one with its fast path (CPU's int8 GEMM, `torch._weight_int8pack_mm`,
+where workers/device/layers/int8_linear.py takes it: bfloat16, steps of at most 16 rows; the
+dequantizing reference elsewhere); the int8 one dequantized in every forward (`cpu_kernels`
+off). The
 int8 checkpoint is written once beside the random model (`<dir>-w8a16`), each projection
 quantized per output channel (scale = amax / 127).
 
@@ -77,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     base = bench_model_dir(args.model)
     runs = {
         args.dtype: (base, True),
-        "int8 (int8 GEMM)": (int8_checkpoint(base), True),
-        "int8 (dequantize)": (int8_checkpoint(base), False),
+        "int8 (fast path)": (int8_checkpoint(base), True),
+        "int8 (reference)": (int8_checkpoint(base), False),
     }
     results: dict[str, Any] = {}
     for label, (model, kernels) in runs.items():

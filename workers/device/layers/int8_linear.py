@@ -8,13 +8,17 @@ is int8 * scale. Two forwards:
 - reference: dequantize into the input's dtype (int8.to(dtype) * scale.to(dtype), group by
   group) and multiply there. In float32 that is the very product transformers' loader computes
   (its `dequantize=True`), so float32 greedy tokens match its.
-- fast, on CPU with per-channel scales and a float32, bfloat16 or float16 input:
-  `torch._weight_int8pack_mm(x, int8, scale)`, which reads the int8 weight directly and
-  scales each output after the dot product (no [out, in] copy per call): about twice a
-  bfloat16 matmul's speed at batch 1. Equal to the reference up to rounding (the scale applied
+- fast, on CPU with per-channel scales, a bfloat16 input and at most FAST_MAX_ROWS rows (decode
+  steps): `torch._weight_int8pack_mm(x, int8, scale)`, which reads the int8 weight directly and
+  scales each output after the dot product (no [out, in] copy per call). Measured on a 2-vCPU
+  AMD EPYC, torch 2.13 CPU, 1 thread: about 2x a bfloat16 matmul at 1 row, even at ~4, slower
+  than one beyond ~8, and slower than the reference beyond ~16-32 rows (it runs row by row);
+  in float32 and float16 the op is 10-20x slower than a matmul (not vectorized there), so
+  those dtypes keep the reference. Equal to the reference up to rounding (the scale applied
   after the sum instead of to each weight); tests/workers/test_compressed_tensors_parity.py
-  holds it to the reference's greedy tokens and its logprobs within a tolerance. `fast_path`
-  (on by default, set from EngineArgs.cpu_kernels by workers/device/forward.py) turns it off.
+  holds it to the reference path's greedy tokens and its logprobs within a tolerance.
+  `fast_path` (on by default, set from EngineArgs.cpu_kernels by workers/device/forward.py)
+  turns it off.
 
 Fused projections (q/k/v, gate/up) stack the parts' rows and their scale rows (a scale row
 per weight row). Tensor parallelism splits the weight and its scales along the base layer's
@@ -34,8 +38,11 @@ from workers.lora.layers import LoraSlots
 from workers.quantization import QuantizationConfig
 
 INT8_DTYPE = torch.int8
-# The input dtypes torch's CPU int8 weight GEMM takes (its scales in the same dtype).
-FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The input dtypes for which torch's CPU int8 weight GEMM beats the reference (it also takes
+# float32 and float16, 10-20x slower than a matmul there), and the most rows it gets: beyond,
+# dequantizing once and one matmul is as fast or faster.
+FAST_DTYPES = (torch.bfloat16,)
+FAST_MAX_ROWS = 16
 
 
 def dequantize_int8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -82,18 +89,20 @@ class _Int8Linear(nn.Module):
         """The first scale row of part `index` (a scale row per weight row)."""
         return self.part_offset(index)
 
-    def uses_fast_path(self, dtype: torch.dtype) -> bool:
-        """Whether an input of `dtype` runs `torch._weight_int8pack_mm`: the weight on the CPU
-        (the op's CPU kernel), scales per channel, a dtype the op takes."""
+    def uses_fast_path(self, dtype: torch.dtype, rows: int) -> bool:
+        """Whether an input of `rows` rows of `dtype` runs `torch._weight_int8pack_mm`: the
+        weight on the CPU (the op's fast kernel), scales per channel, FAST_DTYPES, at most
+        FAST_MAX_ROWS rows."""
         return (
             self.fast_path
             and self.weight.device.type == "cpu"
             and self.weight_scale.shape[-1] == 1
             and dtype in FAST_DTYPES
+            and rows <= FAST_MAX_ROWS
         )
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.uses_fast_path(x.dtype):
+        if self.uses_fast_path(x.dtype, x.numel() // x.shape[-1]):
             scale = self.weight_scale.view(-1).to(x.dtype)  # the op wants them in x's dtype
             flat = x.reshape(-1, x.shape[-1])
             y = torch._weight_int8pack_mm(flat, self.weight, scale).view(*x.shape[:-1], -1)

@@ -1,5 +1,5 @@
 """Tiny random compressed-tensors FP8 checkpoints (llm-compressor's "float-quantized" format,
-as RedHatAI's FP8-dynamic checkpoints ship) for tests.
+as RedHatAI's FP8-dynamic checkpoints ship) and int8 W8A16 ones ("int-quantized") for tests.
 
 `make_ct_checkpoint(strategy, path)` writes the dense Qwen3 of tests/fp8_checkpoints.py with
 every attention and MLP projection stored float8_e4m3fn and a float32 `<name>.weight_scale`:
@@ -7,8 +7,15 @@ per output channel ([out, 1]), per tensor ([1]) or per 128x128 block; the embedd
 and LM head in float32 (`ignore: ["lm_head"]`). Input activations are declared FP8 with dynamic
 per-token scales (W8A8) unless `activations=False` (weight-only).
 
-The packing is hand-written here (scale = amax / 448 over the channel, tensor or block,
-weight / scale rounded to e4m3), not taken from llm-compressor or kvray. `load_hf_ct` is the
+`make_int8_checkpoint(strategy, path)` writes the same model with every projection stored
+int8 and a float32 `<name>.weight_scale` per output channel ([out, 1]) or per group of
+`group_size` input columns ([out, in / group_size]), no input activations (W8A16): the layout
+and config the compressed-tensors package itself writes for its "W8A16" preset saved as
+"int-quantized" (checked by hand against its ModelCompressor's output).
+
+The packing is hand-written here (FP8: scale = amax / 448 over the channel, tensor or block,
+weight / scale rounded to e4m3; int8: scale = amax / 127 over the channel or group, weight /
+scale rounded to the nearest integer), not taken from llm-compressor or kvray. `load_hf_ct` is the
 reference: transformers' own loading through the compressed-tensors package, decompressing
 the weights at load (`CompressedTensorsConfig(dequantize=True)`), in float32.
 """
@@ -23,7 +30,10 @@ from typing import Any
 from tests.fp8_checkpoints import BLOCK, _quantized, make_fp8_checkpoint, quantize_blocks
 
 STRATEGIES = ("channel", "tensor", "block")
+INT8_STRATEGIES = ("channel", "group")
+INT8_GROUP = 128  # the W8A16 preset's group size
 _FP8_MAX = 448.0
+_INT8_MAX = 127.0
 
 
 def quantize(w: Any, strategy: str) -> tuple[Any, Any]:
@@ -61,7 +71,49 @@ def quantization_config(strategy: str, activations: bool = True) -> dict[str, An
     }
 
 
+def quantize_int8(w: Any, strategy: str, group: int = INT8_GROUP) -> tuple[Any, Any]:
+    """(int8 weight, float32 scale [rows, groups]) of `w` [rows, cols]: per output channel
+    (one group of every column) or per `group` columns of a row, symmetric."""
+    import torch
+
+    rows, cols = w.shape
+    g = w.float().reshape(rows, -1, group if strategy == "group" else cols)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / _INT8_MAX, torch.ones_like(amax))
+    q = torch.round(g / scale).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8).reshape(rows, cols)
+    return q, scale.squeeze(-1).contiguous()
+
+
+def int8_quantization_config(strategy: str, group: int = INT8_GROUP) -> dict[str, Any]:
+    """What the compressed-tensors package saves for its W8A16 scheme, format int-quantized."""
+    weights = {
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy, "dynamic": False,
+        "group_size": group if strategy == "group" else None,
+    }  # fmt: skip
+    scheme = {"targets": ["Linear"], "weights": weights, "input_activations": None}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {**scheme, "output_activations": None, "format": "int-quantized"}
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def make_int8_checkpoint(strategy: str, path: Path, group: int = INT8_GROUP) -> Path:
+    return _write(
+        path, lambda w: quantize_int8(w, strategy, group), int8_quantization_config(strategy, group)
+    )
+
+
 def make_ct_checkpoint(strategy: str, path: Path, activations: bool = True) -> Path:
+    return _write(path, lambda w: quantize(w, strategy), quantization_config(strategy, activations))
+
+
+def _write(path: Path, pack: Any, qcfg: dict[str, Any]) -> Path:
+    """The dense test Qwen3 at `path`, its projections packed by `pack`, `qcfg` its config."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -72,12 +124,12 @@ def make_ct_checkpoint(strategy: str, path: Path, activations: bool = True) -> P
     out: dict[str, torch.Tensor] = {}
     for name, t in load_file(str(weights)).items():
         if _quantized(name):
-            out[name], out[name.removesuffix("weight") + "weight_scale"] = quantize(t, strategy)
+            out[name], out[name.removesuffix("weight") + "weight_scale"] = pack(t)
         else:
             out[name] = t
     save_file(out, str(weights), metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = quantization_config(strategy, activations)
+    config["quantization_config"] = qcfg
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 

@@ -1,24 +1,34 @@
 """config.json's `quantization_config` of a compressed-tensors checkpoint (llm-compressor's
-format: RedHatAI's FP8-dynamic and FP8 W8A8 checkpoints among them), read into the fields of a
-QuantizationConfig (workers/quantization.py builds it; this module imports nothing of it).
+format: RedHatAI's FP8-dynamic, FP8 W8A8 and int8 W8A16 checkpoints among them), read into the
+fields of a QuantizationConfig (workers/quantization.py builds it; this module imports nothing
+of it).
 
-Served: the "float-quantized" format, FP8 weights: every Linear of the decoder layers stored
-float8_e4m3fn with a `<name>.weight_scale` per output channel, per tensor or per 128x128
-block (`w = fp8 * scale`, as FineGrainedFP8's `weight_scale_inv`), symmetric, static; input
-activations unquantized or with dynamic per-token scales. Weights stay FP8 in memory; the
-activations are computed in full precision, as transformers' reference (its loading with
-`dequantize=True`) computes them. Refused with the field and its value named: another format
-(int4 "pack-quantized", "naive-quantized", sparse formats), integer or asymmetric weights,
-static activation scales, more than one scheme, and mixture-of-experts models (their expert
-layout is not read yet).
+Served:
+- the "float-quantized" format, FP8 weights: every Linear of the decoder layers stored
+  float8_e4m3fn with a `<name>.weight_scale` per output channel, per tensor or per 128x128
+  block (`w = fp8 * scale`, as FineGrainedFP8's `weight_scale_inv`), symmetric, static; input
+  activations unquantized or with dynamic per-token scales;
+- the "int-quantized" format with 8-bit integer weights and no input activations (W8A16):
+  every Linear stored int8 with a `<name>.weight_scale` [out, 1] per output channel, or
+  [out, in / group_size] per group of input columns (`w = int8 * scale`), symmetric (no zero
+  point), static.
+Weights stay FP8 / int8 in memory; the activations are computed in full precision, as
+transformers' reference (its loading with `dequantize=True`) computes them. Refused with the
+field and its value named: another format (int4 or packed "pack-quantized",
+"naive-quantized", sparse formats), other bit widths, asymmetric weights, int8 activations
+(W8A8), an activation ordering (`actorder`: a g_idx permutation), static activation scales,
+more than one scheme, and mixture-of-experts models (their expert layout is not read yet).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-FORMAT = "float-quantized"
-STRATEGIES = ("channel", "tensor", "block")
+# format -> (weights.type, the strategies served, what the format stores)
+FORMATS = {
+    "float-quantized": ("float", ("channel", "tensor", "block"), "FP8 weights"),
+    "int-quantized": ("int", ("channel", "group"), "int8 weights, W8A16"),
+}
 BLOCK = 128  # the block strategy's rows and columns per scale (workers/quantization.FP8_BLOCK)
 # Expert layouts differ between llm-compressor's exports: no test holds them to a reference yet.
 _UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
@@ -28,8 +38,10 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     """QuantizationConfig's fields for the checkpoint, or ValueError naming what is not
     served."""
     fmt = raw.get("format")
-    if fmt != FORMAT:
-        _refuse("format", fmt, f"only {FORMAT!r} (FP8 weights)")
+    if fmt not in FORMATS:
+        served = " or ".join(f"{f!r} ({what})" for f, (_, _, what) in FORMATS.items())
+        _refuse("format", fmt, f"only {served}")
+    wtype, strategies, _ = FORMATS[fmt]
     groups = raw.get("config_groups") or {}
     schemes = {_scheme_key(g) for g in groups.values()} if isinstance(groups, dict) else set()
     if len(schemes) != 1:
@@ -40,19 +52,29 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
         _refuse("config_groups.*.targets", targets, "['Linear']")
     w = group.get("weights") or {}
     _expect("weights.num_bits", w.get("num_bits"), 8, "8-bit weights")
-    _expect("weights.type", w.get("type"), "float", "float (FP8) weights")
+    _expect("weights.type", w.get("type"), wtype, f"{wtype} weights in format {fmt!r}")
     _expect("weights.symmetric", w.get("symmetric", True), True, "symmetric weights")
     _expect("weights.dynamic", w.get("dynamic", False), False, "static weight scales")
     strategy = w.get("strategy")
-    if strategy not in STRATEGIES:
-        _refuse("weights.strategy", strategy, f"one of {STRATEGIES}")
+    if strategy not in strategies:
+        _refuse("weights.strategy", strategy, f"one of {strategies} in format {fmt!r}")
+    fields: dict[str, Any] = {}
     if strategy == "block":
         blocks = w.get("block_structure")
         if list(blocks or ()) != [BLOCK, BLOCK]:
             _refuse("weights.block_structure", blocks, f"[{BLOCK}, {BLOCK}]")
+    if strategy == "group":
+        size = w.get("group_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            _refuse("weights.group_size", size, "a positive group size")
+        fields["weight_block_size"] = (1, size)
     acts = group.get("input_activations")
     scheme = "dynamic"
-    if acts is not None:
+    if wtype == "int":
+        _expect("weights.actorder", w.get("actorder"), None, "no activation ordering")
+        _expect("input_activations", acts, None, "weight-only int8 (W8A16)")
+        fields["weights"] = "int8"
+    elif acts is not None:
         _expect("input_activations.dynamic", acts.get("dynamic"), True, "dynamic scales")
         _expect("input_activations.type", acts.get("type"), "float", "FP8 activations")
         scheme = "dynamic-token"
@@ -65,6 +87,7 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
         "modules_to_not_convert": ignore,
         "strategy": strategy,
         "scale_name": "weight_scale",
+        **fields,
     }
 
 

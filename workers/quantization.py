@@ -7,12 +7,15 @@ stored as float8_e4m3fn with a float32 `<name>.weight_scale_inv` of one scale pe
 block, activations unquantized ("dynamic"); and compressed-tensors' float-quantized FP8
 (workers/compressed_tensors.py: scales per channel, per tensor or per block). The weights stay
 FP8 in memory and are dequantized in each forward (workers/device/layers/fp8_linear.py).
+Also compressed-tensors' int-quantized W8A16: int8 weights with a scale per output channel or
+per group of input columns, activations unquantized, kept int8 in memory
+(workers/device/layers/int8_linear.py).
 
 `quantization`: "auto" serves what config.json says; "fp8" asks for FP8 and refuses any other
-checkpoint; "none" refuses a quantized checkpoint (nothing is dequantized to full precision
-behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes, compressed-tensors' int4
-and other formats, an unknown method, another block size, static activation scales) is
-refused with the field and its value named.
+checkpoint (an int8 one too); "none" refuses a quantized checkpoint (nothing is dequantized to
+full precision behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes,
+compressed-tensors' int4, packed and other formats, an unknown method, another block size,
+static activation scales) is refused with the field and its value named.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ _UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM",)
 @dataclass(frozen=True)
 class QuantizationConfig:
     # "fp8": transformers' FineGrainedFP8 layout; "compressed-tensors": its float-quantized
-    # FP8 format (workers/compressed_tensors.py). Either way float8_e4m3fn weights, `w = fp8 *
-    # scale`, dequantized in each forward (workers/device/layers/fp8_linear.py).
+    # FP8 format or its int-quantized int8 one (workers/compressed_tensors.py). FP8:
+    # float8_e4m3fn weights, `w = fp8 * scale`, dequantized in each forward
+    # (workers/device/layers/fp8_linear.py); int8: `w = int8 * scale`
+    # (workers/device/layers/int8_linear.py).
     method: str
     weight_block_size: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
     activation_scheme: str = "dynamic"  # activations stay in the compute dtype
@@ -42,22 +47,29 @@ class QuantizationConfig:
     # a projection stored unquantized).
     modules_to_not_convert: tuple[str, ...] = ()
     # What one weight scale covers: "block" (weight_block_size), "channel" (an output row),
-    # "tensor" (a whole projection, each part of a fused one its own).
+    # "tensor" (a whole projection, each part of a fused one its own), "group" (weight_block_size
+    # [1, group_size]: weight_block_size[1] input columns of an output row; int8 only).
     strategy: str = "block"
     scale_name: str = "weight_scale_inv"  # the checkpoint's name of a weight's scales
+    weights: str = "fp8"  # the stored weights: "fp8" (float8_e4m3fn) | "int8" (W8A16)
 
     @property
     def row_block(self) -> int | None:
         """Weight rows per scale (None: every row of the projection)."""
-        return {"block": self.weight_block_size[0], "channel": 1}.get(self.strategy)
+        return {"block": self.weight_block_size[0], "channel": 1, "group": 1}.get(self.strategy)
 
     @property
     def col_block(self) -> int | None:
         """Weight columns per scale (None: every column)."""
-        return self.weight_block_size[1] if self.strategy == "block" else None
+        return self.weight_block_size[1] if self.strategy in ("block", "group") else None
 
     def describe(self) -> str:
-        """For the start-up log: "fp8 (128x128 block-scaled weights, dynamic activations)"."""
+        """For the start-up log and /v1/models: "fp8 (128x128 block-scaled weights, dynamic
+        activations)"; "compressed-tensors (W8A16: int8 weights scaled per channel,
+        unquantized activations)"."""
+        if self.weights == "int8":
+            per = "channel" if self.strategy == "channel" else f"group of {self.col_block} columns"
+            return f"{self.method} (W8A16: int8 weights scaled per {per}, unquantized activations)"
         acts = self.activation_scheme
         if self.strategy == "block":
             rows, cols = self.weight_block_size
@@ -73,6 +85,8 @@ class QuantizationConfig:
     def check_tensor_parallel(self, model: ModelConfig, tp_size: int) -> None:
         """Raises ValueError when a tensor-parallel shard would cut a scale block: a rank's
         slice of a split dimension must be a whole number of blocks."""
+        if self.strategy == "group":
+            self._check_groups(model, tp_size)
         if tp_size == 1 or self.strategy != "block":
             return
         block = self.weight_block_size[0]
@@ -101,6 +115,31 @@ class QuantizationConfig:
                     f"tensor_parallel_size that leaves each shard a multiple of {block}"
                 )
 
+    def _check_groups(self, model: ModelConfig, tp_size: int) -> None:
+        """A group of input columns must divide each projection's input, and each rank's part
+        of a row-parallel projection's (o_proj, down_proj) input: no group is cut."""
+        group = self.col_block
+        assert group is not None
+        q = model.num_heads * model.head_dim
+        inputs = {"hidden_size": model.hidden_size, "num_attention_heads * head_dim": q}
+        if model.moe is None:
+            inputs["intermediate_size"] = model.intermediate_size
+        for what, size in inputs.items():
+            if size % group:
+                raise ValueError(
+                    f"unsupported quantization_config.config_groups.*.weights.group_size {group} "
+                    f"for quant_method 'compressed-tensors': it must divide each projection's "
+                    f"input size, and {what} is {size}"
+                )
+        for what, size in list(inputs.items())[1:]:  # the row-parallel projections' inputs
+            if (size // tp_size) % group:
+                raise ValueError(
+                    f"int8 checkpoint: tensor_parallel_size ({tp_size}) splits {what} ({size}) "
+                    f"into shards of {size // tp_size}, which cut its weight scale groups of "
+                    f"{group} columns (quantization_config.config_groups.*.weights.group_size); "
+                    f"pick a tensor_parallel_size that leaves each shard a multiple of {group}"
+                )
+
     @staticmethod
     def from_hf(arch: str, raw: dict[str, Any] | None, requested: str) -> QuantizationConfig | None:
         """`raw`: config.json's quantization_config (None: a full-precision checkpoint);
@@ -126,12 +165,18 @@ class QuantizationConfig:
         if method == "compressed-tensors":
             from workers.compressed_tensors import compressed_tensors_fields
 
-            return QuantizationConfig(**compressed_tensors_fields(arch, raw))
+            quant = QuantizationConfig(**compressed_tensors_fields(arch, raw))
+            if requested == "fp8" and quant.weights != "fp8":
+                raise ValueError(
+                    f"quantization 'fp8' needs an FP8 checkpoint, and this compressed-tensors "
+                    f"checkpoint's weights are {quant.weights}; use 'auto' to serve it"
+                )
+            return quant
         if method != "fp8":
             raise ValueError(
                 f"unsupported quantization_config.quant_method {method!r}: kvray supports "
-                "'fp8' (128x128 block-scaled) and 'compressed-tensors' (float-quantized FP8) "
-                "checkpoints"
+                "'fp8' (128x128 block-scaled) and 'compressed-tensors' (float-quantized FP8, "
+                "int-quantized int8 W8A16) checkpoints"
             )
         _need(raw, "weight_block_size", [FP8_BLOCK, FP8_BLOCK], "only [128, 128] block scales")
         _need(raw, "activation_scheme", "dynamic", "only dynamic activations", absent="dynamic")

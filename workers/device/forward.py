@@ -24,6 +24,7 @@ import torch
 from workers.compile_config import CompilationConfig
 from workers.config import EngineConfig
 from workers.device.layers.cpu_kernels import KernelState, kernel_state
+from workers.device.layers.int8_linear import set_fast_path
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ def build_forward(
         device, config.torch_dtype, config.compilation, config.cpu_kernels, tp_size
     )
     packed_bytes, direct = 0, None
+    # int8 (W8A16) projections: torch's int8 GEMM on CPU unless the fast CPU paths are off.
+    if set_fast_path(model, config.cpu_kernels) and not config.cpu_kernels:
+        log.info("int8 weights: dequantized in each forward (cpu_kernels off)")
     if strategy.kernels.on:
         from workers.device.layers.cpu_kernels import on_amx_tiles, use_cpu_kernels
         from workers.device.models.cpu_layers import CpuLayers

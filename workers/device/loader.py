@@ -5,8 +5,9 @@ the rows/columns it owns and peak host memory stays near one shard, never the fu
 
 An FP8 checkpoint's projections (workers/quantization.py) are read as they are stored,
 float8_e4m3fn, with their `weight_scale_inv` grids sliced along the same split, block for
-block (`_linear`); a weight in the wrong dtype, a scale grid of the wrong shape, a missing
-scale or a shard that cuts a block is refused with the tensor named.
+block (`_linear`); an int8 (W8A16) checkpoint's as int8, their `weight_scale`s likewise. A
+weight in the wrong dtype, a scale grid of the wrong shape, a missing scale or a shard that
+cuts a block or group is refused with the tensor named.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
 from workers.device.layers.embedding import padded_vocab
 from workers.device.layers.fp8_linear import FP8_DTYPE, blocks
+from workers.device.layers.int8_linear import INT8_DTYPE
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.models.llama import LlamaForCausalLM
 from workers.quantization import FP8_BLOCK
@@ -75,10 +77,11 @@ class _Target:
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         full_shape: tuple[int, ...] | None = None,
         full_shape_what: str = "128x128 block",
+        full_shape_kind: str = "FP8",
     ):
         self.param, self.slicer, self.row_offset = param, slicer, row_offset
         self.transform, self.full_shape = transform, full_shape
-        self.full_shape_what = full_shape_what
+        self.full_shape_what, self.full_shape_kind = full_shape_what, full_shape_kind
 
     def load(self, lazy) -> None:  # noqa: ANN001
         shape = tuple(lazy.get_shape())
@@ -86,7 +89,7 @@ class _Target:
             shape = (1, 1)
         if self.full_shape is not None and shape != self.full_shape:
             raise ValueError(
-                f"FP8 scale grid of shape {tuple(lazy.get_shape())}, expected "
+                f"{self.full_shape_kind} scale grid of shape {tuple(lazy.get_shape())}, expected "
                 f"{self.full_shape} (one scale per {self.full_shape_what} of the weight)"
             )
         t = self.slicer(lazy)
@@ -103,21 +106,26 @@ class _Target:
         dst.copy_(t.to(dst.dtype))
 
 
+_QUANTIZED = {  # a quantized dtype: whose projections, stored how, in messages
+    FP8_DTYPE: ("an FP8", "float8_e4m3fn with a weight_scale_inv", "fp8", "FP8"),
+    INT8_DTYPE: ("an int8 (W8A16)", "int8 with a weight_scale", "int8", "int8"),
+}
+
+
 def _check_dtype(stored: torch.dtype, held: torch.dtype) -> None:
-    """An FP8 parameter takes only FP8 values, and FP8 values only an FP8 parameter: a cast
-    either way would serve wrong weights silently."""
-    if held == FP8_DTYPE and stored != FP8_DTYPE:
-        raise ValueError(
-            f"stored as {stored}, but an FP8 checkpoint's attention and MLP projections must "
-            "be float8_e4m3fn with a weight_scale_inv (projections kept in full precision "
-            "are not supported yet)"
-        )
-    if stored == FP8_DTYPE and held != FP8_DTYPE:
-        raise ValueError(
-            f"stored as {stored}, but kvray holds this tensor in {held}: only the attention "
-            "and MLP projections of a checkpoint whose quantization_config says fp8 are read "
-            "as FP8 (quantized embeddings, LM heads and MoE routers are not supported yet)"
-        )
+    """A quantized parameter takes only values of its dtype, and they only such a parameter."""
+    for dtype, (whose, stored_as, says, name) in _QUANTIZED.items():
+        if held == dtype and stored != dtype:
+            raise ValueError(
+                f"stored as {stored}, but {whose} checkpoint's attention and MLP projections "
+                f"must be {stored_as} (full-precision projections are not supported yet)"
+            )
+        if stored == dtype and held != dtype:
+            raise ValueError(
+                f"stored as {stored}, but kvray holds this tensor in {held}: only the attention "
+                f"and MLP projections of a checkpoint whose quantization_config says {says} are "
+                f"read as {name} (quantized embeddings, LM heads and routers: not supported yet)"
+            )
     if held == torch.float32 and stored not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"stored as {stored}, expected a floating-point tensor")
 
@@ -139,18 +147,19 @@ class _Split:
 
 @dataclass(frozen=True)
 class _Scales:
-    """An FP8 projection's scales: weight rows and columns per scale (None: all of them;
-    fp8_linear.py) and the checkpoint's name for them."""
+    """A quantized projection's scales: weight rows and columns per scale (None: all of them;
+    fp8_linear.py, int8_linear.py), the checkpoint's name for them, the weights' kind."""
 
     rows: int | None = FP8_BLOCK
     cols: int | None = FP8_BLOCK
     name: str = "weight_scale_inv"
+    kind: str = "FP8"  # "FP8" | "int8", for messages
 
     def what(self) -> str:
         if self.rows is None and self.cols is None:
             return "tensor"
-        if self.rows == 1 and self.cols is None:
-            return "output channel"
+        if self.rows == 1:
+            return "output channel" if self.cols is None else f"group of {self.cols} columns"
         return f"{self.rows}x{self.cols} block"
 
 
@@ -182,7 +191,7 @@ def _linear(
         if start % along or (split.size % along and end != split.full):
             raise ValueError(
                 f"{name}: tensor_parallel_size ({split.ranks}) gives a rank {split.axis} "
-                f"[{start}, {end}) of {split.full}, which cuts its FP8 {scales.what()} "
+                f"[{start}, {end}) of {split.full}, which cuts its {scales.kind} {scales.what()} "
                 f"scales"
             )
         first = start // along
@@ -191,9 +200,8 @@ def _linear(
         (split.full, weight.shape[-1]) if split.axis == "rows" else (weight.shape[-2], split.full)
     )
     grid = (blocks(rows, scales.rows), blocks(cols, scales.cols))
-    out[f"{name}.{scales.name}"] = _Target(
-        scale, grid_slicer, grid_row, _as_grid, full_shape=grid, full_shape_what=scales.what()
-    )
+    what, kind = scales.what(), scales.kind
+    out[f"{name}.{scales.name}"] = _Target(scale, grid_slicer, grid_row, _as_grid, grid, what, kind)
     return out
 
 
@@ -204,16 +212,17 @@ def _proj(
     part: int | None = None,
     scale_name: str = "weight_scale_inv",
 ) -> dict[str, _Target]:
-    """`_linear` of a projection module (full precision or FP8: fp8_linear.py), its fused
-    part `part` (None: not fused)."""
-    scale = getattr(module, "weight_scale_inv", None)
+    """`_linear` of a projection module (full precision, FP8: fp8_linear.py, or int8:
+    int8_linear.py), its fused part `part` (None: not fused)."""
+    scale = getattr(module, "weight_scale_inv", getattr(module, "weight_scale", None))
     offsets = None
     if part is not None:
         grid_row = module.scale_offset(part) if scale is not None else 0
         offsets = (module.part_offset(part), grid_row)
     if scale is None:
         return _linear(name, module.weight, None, split, offsets)
-    scales = _Scales(module.row_block, module.col_block, scale_name)
+    kind = "int8" if module.weight.dtype == INT8_DTYPE else "FP8"
+    scales = _Scales(module.row_block, module.col_block, scale_name, kind)
     return _linear(name, module.weight, scale, split, offsets, scales)
 
 
@@ -231,7 +240,7 @@ def _targets(model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup) -> dict[str, 
     vocab_start = tp.rank * vocab_per
     vocab_rows = max(0, min(vocab_per, c.vocab_size - vocab_start))
 
-    # The checkpoint's name for a projection's FP8 scales (workers/quantization.py).
+    # The checkpoint's name for a projection's FP8 or int8 scales (workers/quantization.py).
     sn = c.quantization.scale_name if c.quantization is not None else "weight_scale_inv"
     out: dict[str, _Target] = {
         "model.embed_tokens.weight": _Target(

@@ -1,8 +1,8 @@
 """Loading FP8 checkpoints (workers/device/loader.py; block-scaled, and compressed-tensors' per
-channel, per tensor and per block): each tensor-parallel rank holds exactly its slice of every
-FP8 weight and of its scales, all of them where one spans the split (checked against the whole
-model, Ray-free: a rank's model is built and loaded without its peers), and bad files fail at
-load with the tensor named."""
+channel, per tensor and per block) and int8 W8A16 ones (per channel, per group): each
+tensor-parallel rank holds exactly its slice of every quantized weight and of its scales, all
+of them where one spans the split (checked against the whole model, Ray-free: a rank's model is
+built and loaded without its peers), and bad files fail at load with the tensor named."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.compressed_tensors_checkpoints import STRATEGIES, make_ct_checkpoint
+from tests.compressed_tensors_checkpoints import (
+    INT8_STRATEGIES,
+    STRATEGIES,
+    make_ct_checkpoint,
+    make_int8_checkpoint,
+)
 from tests.fp8_checkpoints import make_fp8_checkpoint
 from workers import LLM
 from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
 from workers.device.layers.fp8_linear import dequantize
+from workers.device.layers.int8_linear import dequantize_int8
 from workers.device.loader import load_weights
 from workers.device.models import build_model
 
@@ -27,6 +33,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fp8-loader")
     made = {k: make_fp8_checkpoint(k, root / k) for k in ("qwen3", "qwen3_moe")}
     made.update({f"ct-{s}": make_ct_checkpoint(s, root / f"ct-{s}") for s in STRATEGIES})
+    made.update({f"i8-{s}": make_int8_checkpoint(s, root / f"i8-{s}") for s in INT8_STRATEGIES})
     return made
 
 
@@ -38,6 +45,8 @@ def _loaded(path: Path, tp: TPGroup) -> torch.nn.Module:
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:
+    if module.weight.dtype == torch.int8:
+        return dequantize_int8(module.weight, module.weight_scale, torch.float32)
     return dequantize(module.weight, module.weight_scale_inv, module.scale_rows, torch.float32)
 
 
@@ -45,7 +54,10 @@ def _experts(moe: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return moe.expert_weights(slice(None), torch.float32)
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", *(f"ct-{s}" for s in STRATEGIES)])
+KINDS = ["qwen3", "qwen3_moe", *(f"ct-{s}" for s in STRATEGIES)]
+
+
+@pytest.mark.parametrize("kind", [*KINDS, *(f"i8-{s}" for s in INT8_STRATEGIES)])
 def test_each_rank_holds_its_slice_of_weights_and_scales(
     kind: str, checkpoints: dict[str, Path]
 ) -> None:
@@ -101,6 +113,18 @@ def _wrong_channel_scales(t: dict) -> None:
     t[P + ".weight_scale"] = torch.ones(256, 2)
 
 
+def _wrong_group_scales(t: dict) -> None:
+    t[P + ".weight_scale"] = torch.ones(256, 1)
+
+
+def _int8_as_float(t: dict) -> None:
+    t[P + ".weight"] = t[P + ".weight"].float()
+
+
+def _int8_embedding(t: dict) -> None:
+    t["model.embed_tokens.weight"] = t["model.embed_tokens.weight"].to(torch.int8)
+
+
 def _missing_ct_scale(t: dict) -> None:
     del t[P + ".weight_scale"]
 
@@ -146,6 +170,24 @@ def _fp8_router(t: dict) -> None:
             r"\(one scale per output channel",
         ),
         ("ct-channel", _missing_ct_scale, "missing tensors: " + P + ".weight_scale"),
+        (
+            "i8-group",
+            _wrong_group_scales,
+            P + r".weight_scale: int8 scale grid of shape \(256, 1\), expected \(256, 2\) "
+            r"\(one scale per group of 128 columns",
+        ),
+        (
+            "i8-channel",
+            _wrong_channel_scales,
+            P + r".weight_scale: int8 scale grid of shape \(256, 2\), expected \(256, 1\)",
+        ),
+        ("i8-channel", _missing_ct_scale, "missing tensors: " + P + ".weight_scale"),
+        (
+            "i8-channel",
+            _int8_as_float,
+            P + r".weight: stored as torch.float32, but an int8 \(W8A16\) checkpoint's",
+        ),
+        ("i8-group", _int8_embedding, "embed_tokens.weight: stored as torch.int8, but kvray holds"),
     ],
     ids=[
         "scale-shape",
@@ -155,6 +197,11 @@ def _fp8_router(t: dict) -> None:
         "fp8-router",
         "ct-scale-shape",
         "ct-scale-missing",
+        "int8-group-scale-shape",
+        "int8-channel-scale-shape",
+        "int8-scale-missing",
+        "int8-unquantized-projection",
+        "int8-embedding",
     ],
 )
 def test_bad_files_fail_at_load_naming_the_tensor(
@@ -181,3 +228,19 @@ def test_the_loader_refuses_a_shard_that_cuts_a_block_itself() -> None:
         "p.weight",
         "p.weight_scale_inv",
     }
+
+
+def test_the_loader_refuses_a_shard_that_cuts_a_group_itself() -> None:
+    """int8 group scales: a row-parallel rank's columns [64, 128) of 256 cut a 128-group."""
+    from workers.device.loader import _linear, _Scales, _Split
+
+    weight, scale = torch.empty(256, 64, dtype=torch.int8), torch.empty(256, 1)
+    scales = _Scales(1, 128, "weight_scale", "int8")
+    with pytest.raises(
+        ValueError,
+        match=r"p: tensor_parallel_size \(4\) gives a rank cols \[64, 128\) of 256, "
+        r"which cuts its int8 group of 128 columns scales",
+    ):
+        _linear("p", weight, scale, _Split("cols", 64, 64, 256, 4), scales=scales)
+    halves = _linear("p", weight, scale, _Split("cols", 128, 128, 256, 2), scales=scales)
+    assert set(halves) == {"p.weight", "p.weight_scale"}

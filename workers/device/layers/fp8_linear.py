@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from workers.device.distributed import TPGroup
+from workers.device.layers.int8_linear import Int8ColumnParallelLinear, Int8RowParallelLinear
 from workers.device.layers.linear import ColumnParallelLinear, RowParallelLinear
 from workers.lora.layers import LoraSlots
 from workers.quantization import FP8_BLOCK, QuantizationConfig
@@ -140,9 +141,12 @@ def column_parallel(
     tp: TPGroup,
     dtype: torch.dtype,
 ) -> nn.Module:
-    """A column-parallel projection: FP8 when the checkpoint is, else full precision."""
+    """A column-parallel projection: FP8 or int8 (int8_linear.py) when the checkpoint is, else
+    full precision."""
     if quant is None:
         return ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype)
+    if quant.weights == "int8":
+        return Int8ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype, quant)
     return Fp8ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype, quant)
 
 
@@ -154,7 +158,10 @@ def row_parallel(
     tp: TPGroup,
     dtype: torch.dtype,
 ) -> nn.Module:
-    """A row-parallel projection: FP8 when the checkpoint is, else full precision."""
+    """A row-parallel projection: FP8 or int8 (int8_linear.py) when the checkpoint is, else
+    full precision."""
     if quant is None:
         return RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype)
+    if quant.weights == "int8":
+        return Int8RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype, quant)
     return Fp8RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype, quant)

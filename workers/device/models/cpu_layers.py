@@ -122,9 +122,9 @@ class CpuLayers:
             log.info("mixture-of-experts model: the MoE MLP runs on torch ops")
             return None
         if getattr(model.config, "quantization", None) is not None:
-            # No kernel reads FP8 weights: the layers keep the modules, whose projections
-            # dequantize (workers/device/layers/fp8_linear.py).
-            log.info("FP8 checkpoint: its projections run as modules (no direct kernel calls)")
+            # No kernel reads FP8 or int8 weights: the layers keep the modules, whose
+            # projections dequantize or run torch's int8 GEMM (fp8_linear.py, int8_linear.py).
+            log.info("quantized checkpoint: its projections run as modules (no direct C calls)")
             return None
         if getattr(model.config, "gemma", None) is not None:
             # The calls below are Llama's layer (norms around the residual, SiLU): Gemma's

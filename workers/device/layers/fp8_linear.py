@@ -23,6 +23,11 @@ from torch.nn import functional as F
 from workers.device.distributed import TPGroup
 from workers.device.layers.int8_linear import Int8ColumnParallelLinear, Int8RowParallelLinear
 from workers.device.layers.linear import ColumnParallelLinear, RowParallelLinear
+from workers.device.layers.quantized_parallel import (
+    QuantizedColumnParallel,
+    QuantizedRowParallel,
+    with_lora,
+)
 from workers.lora.layers import LoraSlots
 from workers.quantization import FP8_BLOCK, QuantizationConfig
 
@@ -100,37 +105,16 @@ class _Fp8Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         w = dequantize(self.weight, self.weight_scale_inv, self.scale_rows, x.dtype)
-        y = F.linear(x, w, bias)
-        if self.lora is not None and self.lora.batch.active:
-            y = self.lora.add_to(x, y)
-        return y
+        return with_lora(self, x, F.linear(x, w, bias))
 
 
-class Fp8ColumnParallelLinear(_Fp8Linear):
+class Fp8ColumnParallelLinear(QuantizedColumnParallel, _Fp8Linear):
     """ColumnParallelLinear over an FP8 weight: this rank's rows and their scale rows."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
 
-
-class Fp8RowParallelLinear(_Fp8Linear):
+class Fp8RowParallelLinear(QuantizedRowParallel, _Fp8Linear):
     """RowParallelLinear over an FP8 weight: this rank's columns and their scale columns,
     one all-reduce, the bias after it."""
-
-    def __init__(
-        self,
-        in_features_per_rank: int,
-        out_features: int,
-        bias: bool,
-        tp: TPGroup,
-        dtype: torch.dtype,
-        quant: QuantizationConfig | None = None,
-    ) -> None:
-        super().__init__(in_features_per_rank, [out_features], bias, tp, dtype, quant)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(self.matmul(x, None))  # LoRA's delta before it, as unquantized
-        return y if self.bias is None else y + self.bias
 
 
 def column_parallel(

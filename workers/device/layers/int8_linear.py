@@ -34,6 +34,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from workers.device.distributed import TPGroup
+from workers.device.layers.quantized_parallel import (
+    QuantizedColumnParallel,
+    QuantizedRowParallel,
+    with_lora,
+)
 from workers.lora.layers import LoraSlots
 from workers.quantization import QuantizationConfig
 
@@ -110,36 +115,16 @@ class _Int8Linear(nn.Module):
                 y = y + bias
         else:
             y = F.linear(x, dequantize_int8(self.weight, self.weight_scale, x.dtype), bias)
-        if self.lora is not None and self.lora.batch.active:
-            y = self.lora.add_to(x, y)
-        return y
+        return with_lora(self, x, y)
 
 
-class Int8ColumnParallelLinear(_Int8Linear):
+class Int8ColumnParallelLinear(QuantizedColumnParallel, _Int8Linear):
     """ColumnParallelLinear over an int8 weight: this rank's rows and their scale rows."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
 
-
-class Int8RowParallelLinear(_Int8Linear):
+class Int8RowParallelLinear(QuantizedRowParallel, _Int8Linear):
     """RowParallelLinear over an int8 weight: this rank's columns and their groups' scales,
     one all-reduce, the bias after it."""
-
-    def __init__(
-        self,
-        in_features_per_rank: int,
-        out_features: int,
-        bias: bool,
-        tp: TPGroup,
-        dtype: torch.dtype,
-        quant: QuantizationConfig,
-    ) -> None:
-        super().__init__(in_features_per_rank, [out_features], bias, tp, dtype, quant)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(self.matmul(x, None))  # LoRA's delta before it, as unquantized
-        return y if self.bias is None else y + self.bias
 
 
 def set_fast_path(model: nn.Module, on: bool) -> int:

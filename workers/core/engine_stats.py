@@ -34,6 +34,7 @@ def engine_stats(engine: Any) -> EngineStats:
         moe_expert_tokens=engine.moe_expert_tokens,
         **_lora_stats(engine),
         **_offload_stats(bm.host_tier),
+        **({} if engine.speculator is None else engine.speculator.stats()),
     )
 
 

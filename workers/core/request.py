@@ -76,6 +76,11 @@ class Seq:
     # before the next step (its next mask may be forced: ThinkingState.host_bound).
     thinking: Any = None  # workers.structured.thinking.ThinkingState
     thinking_bound: bool = False
+    # Speculative decoding (workers/core/speculator.py): the tokens proposed to follow this
+    # step (verified with its last token as one chunk; not in token_ids), and its proposer's
+    # state (None until it first speculates).
+    draft: list[int] = field(default_factory=list)
+    spec: Any = None  # workers.core.speculator.SeqSpeculation
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -101,6 +101,7 @@ class Scheduler:
             seq.lora_slot = -1
 
     def _preempt(self, seq: Seq, out: SchedulerOutput) -> None:
+        seq.draft = []
         self.running.remove(seq)
         self.bm.free(seq)
         self._release_slot(seq)
@@ -146,8 +147,14 @@ class Scheduler:
             if seq.num_pending and self._ends_by_length(seq):
                 i += 1  # its token in flight ends it (async scheduling): nothing to compute
                 continue
-            n = min(seq.num_planned_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_planned_tokens + len(seq.draft) - seq.num_computed_tokens, budget)
+            if seq.draft:  # speculative: its last token and as much of the draft as fits
+                del seq.draft[max(n - 1, 0) :]
             while not self.bm.allocate(seq, n):
+                if seq.draft:  # no blocks for the draft: decode a token rather than preempt
+                    n -= len(seq.draft)
+                    seq.draft = []
+                    continue
                 if len(self.running) == 1 or self._never_fits(seq.num_computed_tokens + n):
                     # Larger than the whole cache (or alone, every other block free, and still
                     # not fitting): it never will, so it ends here instead of preempting the

@@ -36,6 +36,13 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps: int = 0
+    # Speculative decoding (workers/core/speculator.py; zeros when off), cumulative, vLLM's
+    # meanings: (sequence, step) pairs that verified a draft, draft tokens proposed, draft
+    # tokens accepted, and per draft position the drafts whose token there was accepted.
+    spec_decode_drafts: int = 0
+    spec_decode_draft_tokens: int = 0
+    spec_decode_accepted_tokens: int = 0
+    spec_decode_accepted_per_position: tuple[int, ...] = ()
     # Constrained decoding (cumulative): requests with structured_outputs, those whose
     # grammar was already in the compile cache, compiles finished and their total seconds.
     structured_requests: int = 0

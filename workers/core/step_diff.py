@@ -42,6 +42,7 @@ def build_step_input(
                     seq.block_ids[seq.sent_blocks :],
                     seq.num_computed_tokens,
                     n,
+                    list(seq.draft),
                 )
             )
         seq.sent_tokens = len(seq.token_ids)

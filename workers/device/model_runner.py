@@ -34,6 +34,9 @@ class SeqState:
     # yet (held as 0): the next step reads such a token from the device (workers/device/
     # in_flight.py), and the engine's next diff overwrites them (`receive`).
     num_placeholders: int = 0
+    # Speculative decoding: trailing entries of token_ids that are this step's draft (computed
+    # and sampled at every position, then dropped: the engine sends the tokens it keeps).
+    num_draft: int = 0
     # Plain greedy: argmax suffices (no penalties, logprobs or min_tokens to enforce).
     plain_greedy: bool = field(init=False)
 
@@ -43,20 +46,31 @@ class SeqState:
             p.greedy and not p.has_penalties and p.logprobs is None and p.min_tokens == 0
         )
 
-    def receive(self, tokens: list[int]) -> None:
+    def receive(self, tokens: list[int], draft: list[int] = ()) -> None:
         """The engine's tokens since its last diff: first the values of the placeholders (in
-        order), then tokens this worker has not seen."""
+        order), then tokens this worker has not seen; then this step's draft, if any."""
         k = min(len(tokens), self.num_placeholders)
         if k:
             start = len(self.token_ids) - self.num_placeholders
             self.token_ids[start : start + k] = tokens[:k]
             self.num_placeholders -= k
         self.token_ids.extend(tokens[k:])
+        self.token_ids.extend(draft)
+        self.num_draft = len(draft)
 
     def add_placeholder(self) -> None:
-        """This step samples the sequence's next token: it holds a place until it is known."""
+        """This step samples the sequence's next token: it holds a place until it is known
+        (after a draft, whose kept tokens the engine sends like any sampled token)."""
+        if self.num_draft:
+            del self.token_ids[-self.num_draft :]
+            self.num_draft = 0
         self.token_ids.append(0)
         self.num_placeholders += 1
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens before this step's draft."""
+        return len(self.token_ids) - self.num_draft
 
 
 @dataclass(frozen=True)
@@ -207,11 +221,24 @@ def prepare_inputs(
 
 
 def sample_row(s: SeqState, row: int, logits_idx: list[int], states: list[SeqState]) -> None:
-    """A sequence whose chunk reaches its last token samples from that row's logits; an
-    embedding request never samples (its last chunk is pooled instead)."""
+    """A sequence whose chunk reaches its last token samples from that row's logits (and a
+    draft's chunk from each of its last 1 + num_draft rows, consecutively); an embedding
+    request never samples (its last chunk is pooled instead)."""
     if s.params.pooling is None:
-        logits_idx.append(row)
-        states.append(s)
+        logits_idx.extend(range(row - s.num_draft, row + 1))
+        states.extend([s] * (s.num_draft + 1))
+
+
+def sample_positions(states: list[SeqState]) -> list[int]:
+    """Each sampled row's position among its sequence's outputs (the sampler's seeded noise
+    depends on it): a draft's rows take the positions after the known tokens, in order."""
+    positions: list[int] = []
+    prev: SeqState | None = None
+    for s in states:
+        j = positions[-1] + 1 if s is prev else s.num_known_tokens - s.prompt_len
+        positions.append(j)
+        prev = s
+    return positions
 
 
 def prompt_and_pool_chunks(

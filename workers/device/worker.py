@@ -23,7 +23,7 @@ from workers.device.kv_offload import KvOffload
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.layers.sampler import SamplerOutput, greedy_tokens
 from workers.device.loader import load_weights
-from workers.device.model_runner import ModelInput, SeqState, prepare_inputs
+from workers.device.model_runner import ModelInput, SeqState, prepare_inputs, sample_positions
 from workers.device.models import build_model
 from workers.device.penalty_counts import PenaltyCounts
 from workers.device.scoring import ScoringOutputs, scoring_outputs
@@ -214,8 +214,8 @@ class Worker:
             order.append(s)
         for c in step.cached:
             s = states[c.seq_id]
-            if c.new_token_ids:
-                s.receive(c.new_token_ids)
+            if c.new_token_ids or c.draft_token_ids:
+                s.receive(c.new_token_ids, c.draft_token_ids)
             if c.new_block_ids:
                 s.block_ids.extend(c.new_block_ids)
             s.num_computed_tokens = c.num_computed_tokens
@@ -293,7 +293,7 @@ class Worker:
         logits = self.model.logits(x, inp.logits_indices) if len(inp.logits_indices) else None
         pending = self._sample(step, inp, x, logits) if self.is_driver else None
         # After the sampling batch read the sequences' tokens so far: this step's go after.
-        for s in inp.sample_states:
+        for s in dict.fromkeys(inp.sample_states):  # a draft's rows share one state
             s.add_placeholder()
         return pending
 
@@ -329,7 +329,7 @@ class Worker:
             tables, slot_t = self._penalty_tables([rows[k] for k in penalised], logits)
             batch = SamplingBatch.assemble(
                 [s.params for s in rows],
-                [len(s.token_ids) - s.prompt_len for s in rows],
+                sample_positions(rows),
                 tables,
                 device=logits.device,
                 vocab_size=logits.shape[-1],

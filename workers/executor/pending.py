@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from workers.messages.step import StepOutput
@@ -30,3 +30,6 @@ class Launched:
     pending: PendingStep
     seqs: dict[str, Any]  # seq_id -> the engine's Seq the step computed for
     host_bound: bool
+    # Speculative decoding: seq_id -> the draft its chunk verifies (its k + 1 sampled rows
+    # come back consecutively).
+    drafts: dict[str, list[int]] = field(default_factory=dict)

@@ -35,6 +35,9 @@ class CachedSeq:
     new_block_ids: list[int]
     num_computed_tokens: int
     num_scheduled: int
+    # Speculative decoding: tokens proposed after the last one, computed in this step's chunk
+    # (num_scheduled = 1 + len) and sampled at every position; not the sequence's tokens.
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

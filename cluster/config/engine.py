@@ -27,6 +27,7 @@ from workers.config import (
     DEFAULT_STEP_TIMEOUT_S,
 )
 from workers.quantization import QUANTIZATION_CHOICES
+from workers.spec_decode.config import SpeculativeConfig
 
 DEMO_MODEL_NAME = "kvray-demo"
 DEVICES = ("auto", "cpu", "cuda")
@@ -117,6 +118,14 @@ class EngineSettings:
         "k_scale/v_scale else 1.0): twice the tokens of a bfloat16 cache in the same memory",
         MODEL_GROUP,
         choices=KV_CACHE_DTYPES,
+        engine=True,
+    )
+    # workers/spec_decode/: n-gram drafts verified by the model in one step.
+    speculative_config: str | None = setting(
+        None,
+        'speculative decoding, vLLM\'s JSON: e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4}\' (default: off)',
+        MODEL_GROUP,
         engine=True,
     )
     # "auto" reaches the engine as None: it picks (cuda if visible).
@@ -211,6 +220,7 @@ class EngineSettings:
         need_choice(self, "attention_backend", ATTENTION_BACKENDS)
         need_choice(self, "quantization", QUANTIZATION_CHOICES)
         need_choice(self, "kv_cache_dtype", KV_CACHE_DTYPES)
+        SpeculativeConfig.parse(self.speculative_config)  # ValueError naming the key
         need(
             not self.async_scheduling or self.tensor_parallel_size == 1,
             "async_scheduling",

@@ -27,6 +27,7 @@ from cluster.replica.kv_offload_metrics import KvOffloadMetrics
 from cluster.replica.kv_share_metrics import KvShareMetrics
 from cluster.replica.lora_metrics import LoraMetrics
 from cluster.replica.moe_metrics import MoeMetrics
+from cluster.replica.spec_decode_metrics import SpecDecodeMetrics
 from workers.core.stats import new_compile_seconds
 
 if TYPE_CHECKING:
@@ -175,6 +176,8 @@ class EngineMetrics:
         self.moe = MoeMetrics(tags, counter, gauge)
         # The host KV tier (cluster/replica/kv_offload_metrics.py).
         self.kv_offload = KvOffloadMetrics(tags, counter, gauge)
+        # Speculative decoding (cluster/replica/spec_decode_metrics.py).
+        self.spec_decode = SpecDecodeMetrics(tags, counter)
         # The cluster KV tier (cluster/replica/kv_share_metrics.py).
         self.kv_share = KvShareMetrics(tags, counter, histogram)
 
@@ -206,6 +209,7 @@ class EngineMetrics:
         self.lora.observe_stats(stats)
         self.moe.observe(stats.moe_expert_tokens)
         self.kv_offload.observe(stats)
+        self.spec_decode.observe(stats)
         self._advance(self._preemptions, "num_preemptions", int(stats.num_preemptions))
         self._advance(self._prefix_queries, "prefix_cache_queries", int(stats.prefix_cache_queries))
         self._advance(self._prefix_hits, "prefix_cache_hits", int(stats.prefix_cache_hits))

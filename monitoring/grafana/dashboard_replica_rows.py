@@ -157,6 +157,24 @@ REPLICA_ROWS: tuple[Row, ...] = (
                 (Target(f"max by (replica) (ray_kvray_kv_offload_blocks{{{MR}}})", "{{replica}}"),),
             ),
             Panel(
+                "Speculative decoding",
+                "Speculative decoding (--speculative-config), all replicas: the share of draft "
+                "tokens the model accepted, and the tokens a verifying step yields per draft "
+                "(1 + accepted / drafts; 1 = no gain).",
+                (
+                    Target(
+                        f"{rate('ray_kvray_spec_decode_accepted_tokens_total', M)} / "
+                        f"{rate('ray_kvray_spec_decode_draft_tokens_total', M)}",
+                        "acceptance rate",
+                    ),
+                    Target(
+                        f"1 + {rate('ray_kvray_spec_decode_accepted_tokens_total', M)} / "
+                        f"{rate('ray_kvray_spec_decode_drafts_total', M)}",
+                        "tokens per draft",
+                    ),
+                ),
+            ),
+            Panel(
                 "Cluster KV tier pulls",
                 "The cluster KV tier (--kv-share-gib), all replicas, per second: requests by pull "
                 "decision (pulled from a peer, recompute when computing was cheaper, miss when "

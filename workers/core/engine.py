@@ -29,7 +29,7 @@ from workers.core.output_processor import (
 from workers.core.request import Request, Seq, SeqStatus
 from workers.core.sampled_tokens import take_sampled
 from workers.core.scheduler import Scheduler, SchedulerOutput
-from workers.core.speculator import Speculator
+from workers.core.speculator import Speculator, can_speculate
 from workers.core.stats import EngineStats
 from workers.core.step_diff import build_step_input
 from workers.executor.base import Executor, create_executor
@@ -302,6 +302,8 @@ class LLMEngine:
                 seq.num_pending += 1
                 # Its next mask (grammar, thinking budget) needs this token; penalty counts don't.
                 host_bound = host_bound or seq.grammar is not None or seq.thinking_bound
+                # A draft continues known tokens: async scheduling waits for them.
+                host_bound = host_bound or (self.speculator is not None and can_speculate(seq))
         seqs = {seq.seq_id: seq for seq, _ in sched.scheduled}
         return Launched(pending, seqs, host_bound, drafts)
 

@@ -128,16 +128,24 @@ class Speculator:
         }
 
 
-def _speculates(seq: Seq) -> bool:
+def can_speculate(seq: Seq) -> bool:
+    """Whether seq's kind speculates (module doc); under async scheduling its steps then wait
+    for their tokens on the host, since a draft continues the known tokens."""
     p = seq.params
+    return (
+        seq.grammar is None
+        and seq.grammar_after is None
+        and seq.thinking is None
+        and not p.has_penalties
+        and p.pooling is None
+    )
+
+
+def _speculates(seq: Seq) -> bool:
     return (
         seq.status is SeqStatus.RUNNING
         and seq.on_workers
         and not seq.num_pending
         and seq.num_computed_tokens == seq.num_tokens - 1
-        and seq.grammar is None
-        and seq.grammar_after is None
-        and seq.thinking is None
-        and not p.has_penalties
-        and p.pooling is None
+        and can_speculate(seq)
     )

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 PRESETS: dict[str, tuple[int, int, int, int, int, int, int]] = {
     "qwen3-100m": (768, 12, 12, 4, 64, 2048, 32768),
     "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936),
+    # Small enough for tests (about 9M parameters, most of them the vocabulary's).
+    "qwen3-tiny": (128, 2, 4, 2, 32, 256, 32768),
 }
 # Qwen3-MoE presets (see the module docstring):
 # name -> (hidden, layers, heads, kv_heads, head_dim, experts, top_k, moe_intermediate, vocab)

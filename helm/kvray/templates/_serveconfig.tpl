@@ -41,6 +41,7 @@ the application's own defaults apply.
 {{- if gt (float64 $e.kvOffloadGib) 0.0 }}{{ $_ := set $args "kv_offload_gib" (float64 $e.kvOffloadGib) }}{{ end }}
 {{- if gt (float64 $e.kvShareGib) 0.0 }}{{ $_ := set $args "kv_share_gib" (float64 $e.kvShareGib) }}{{ end }}
 {{- if ne $e.kvCacheDtype "auto" }}{{ $_ := set $args "kv_cache_dtype" $e.kvCacheDtype }}{{ end }}
+{{- with $e.speculativeConfig }}{{ $_ := set $args "speculative_config" . }}{{ end }}
 {{- if ne $e.toolCallParser "auto" }}{{ $_ := set $args "tool_call_parser" $e.toolCallParser }}{{ end }}
 {{- with $e.reasoningParser }}{{ $_ := set $args "reasoning_parser" . }}{{ end }}
 {{- if .Values.gateway.enabled }}{{ $_ := set $args "engine_metrics_port" (int64 .Values.gateway.engineMetricsPort) }}{{ end }}

@@ -1,0 +1,28 @@
+"""A proposer for tests: drafts from a reference run's outputs (what the model will emit),
+with chosen positions made wrong, so verification's accept and reject paths both run."""
+
+from __future__ import annotations
+
+from workers.core.request import Seq
+from workers.core.speculator import SeqSpeculation
+
+
+class OracleProposer:
+    def __init__(self, reference: dict[tuple[int, ...], list[list[int]]], vocab: int) -> None:
+        # prompt ids -> each sample's outputs (by sample index)
+        self.reference = reference
+        self.vocab = vocab
+
+    def propose(self, seq: Seq, spec: SeqSpeculation, k: int) -> list[int]:
+        outs = self.reference[tuple(seq.prompt_token_ids)][seq.index]
+        n = seq.num_output_tokens
+        draft = list(outs[n : n + k])
+        # Every third step a wrong second token: verification keeps t_0, d_1 and the bonus
+        # sample at most, and the rejected tail's KV is written over later.
+        if n % 3 == 0 and len(draft) > 1:
+            draft[1] = (draft[1] + 1) % self.vocab
+        return draft
+
+
+def reference_of(outputs: list) -> dict[tuple[int, ...], list[list[int]]]:  # noqa: ANN001
+    return {tuple(o.prompt_token_ids): [list(c.token_ids) for c in o.outputs] for o in outputs}

@@ -1,5 +1,5 @@
 """`kvray` command line: serve | generate | run-batch | bench throughput | bench serve |
-bench kernels | bench step | bench kv-tier | bench pd | config.
+bench kernels | bench step | bench kv-tier | bench pd | bench spec-decode | config.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
 this file only wires them together, and imports them lazily so `kvray --help` is instant.
@@ -50,6 +50,11 @@ _COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "cluster.bench.pd.main",
         "prefill/decode disaggregation against colocated replicas: one trace, latency, goodput",
     ),
+    (
+        ("bench", "spec-decode"),
+        "cluster.bench.spec_decode.main",
+        "speculative decoding off, fixed and adaptive: tokens/s per batch size and workload",
+    ),
 ]
 
 
@@ -67,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         if len(path) == 2:
             if path[0] not in groups:
                 group = top.add_parser(
-                    path[0], help="benchmarks (throughput | serve | kernels | step | kv-tier | pd)"
+                    path[0],
+                    help="benchmarks (throughput | serve | kernels | step | kv-tier | pd | "
+                    "spec-decode)",
                 )
                 groups[path[0]] = group.add_subparsers(
                     dest="subcommand", metavar="SUBCOMMAND", required=True

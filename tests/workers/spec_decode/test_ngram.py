@@ -22,3 +22,9 @@ def test_no_proposal_below_the_minimum_length_or_past_the_end() -> None:
     assert NgramIndex(3, 4).propose([1, 2, 9, 1, 2], 3) == []  # only a 2-gram repeats
     assert NgramIndex(1, 1).propose([1, 2, 9, 1, 2], 3) == [9, 1, 2]
     assert NgramIndex(2, 2).propose([4, 4, 4], 5) == [4]  # what exists after the match
+
+
+def test_inside_a_repeating_run_the_first_occurrence_gives_the_full_draft() -> None:
+    # The latest [4, 4] ends one token before the end: it would give a draft of one token.
+    assert NgramIndex(2, 2).propose([1, 4, 4, 4, 4, 4, 4], 3) == [4, 4, 4]
+    assert NgramIndex(2, 2).propose([1, 2, 3, 1, 2, 3, 1, 2], 4) == [3, 1, 2, 3]

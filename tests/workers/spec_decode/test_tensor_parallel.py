@@ -44,6 +44,4 @@ def test_tp2_verifies_drafts_as_tp1_decodes(ray_session: object, checkpoints) ->
 
 def test_the_triton_backend_verifies_drafts(checkpoints) -> None:  # noqa: ANN001
     pytest.importorskip("triton")
-    _same_with_oracle(
-        checkpoints["llama"], PROMPTS, attention_backend="triton", cpu_kernels=False
-    )
+    _same_with_oracle(checkpoints["llama"], PROMPTS, attention_backend="triton", cpu_kernels=False)

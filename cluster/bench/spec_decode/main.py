@@ -1,0 +1,142 @@
+"""`kvray bench spec-decode`: output tokens/s with speculative decoding off, at a fixed draft
+length and adaptive, side by side in one run, per batch size and workload.
+
+Three engines of the same checkpoint (one per mode, built once, warmed up), the same prompts:
+
+- `repeat`: greedy decoding. A random-weight checkpoint (`--model random:...`, std 0.02 like a
+  fresh initialisation) falls into repeating runs, where prompt lookup finds its drafts: the
+  copy-heavy case (a summary quoting its source, an edit of given code), not real text.
+- `open`: sampling at temperature 1 (seeded): the same model's text barely repeats, so drafts
+  are rarely proposed or accepted: what speculation costs where it does not pay.
+
+Each batch size B runs the first B prompts once per mode, every sequence to --max-tokens
+(ignore_eos). The table gives each mode's output tokens/s, its ratio to off, the draft
+tokens' acceptance rate and the tokens per verifying step (1 + accepted / drafts).
+
+    OMP_NUM_THREADS=1 kvray bench spec-decode --model random:qwen3-100m --batch-sizes 1,4,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
+from cluster.bench.common.result import write_result_json
+
+MODES = ("off", "fixed", "adaptive")
+WORKLOADS = ("repeat", "open")
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    batch: int
+    mode: str
+    tokens_per_s: float
+    acceptance: float | None  # accepted / draft tokens (None: no drafts)
+    per_draft: float | None  # tokens per verifying step
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    add_model_argument(parser)
+    a("--batch-sizes", default="1,4,16,64", help="comma-separated (default %(default)s)")
+    a("--num-speculative-tokens", type=int, default=4, help="k (default %(default)s)")
+    a("--max-tokens", type=int, default=128, help="output tokens per sequence (default 128)")
+    a("--prompt-len", type=int, default=32, help="random prompt tokens (default 32)")
+    a("--workloads", default=",".join(WORKLOADS), help="repeat,open (default both)")
+    a("--json", default=None, help="also write the rows to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from workers import LLM
+
+    model = str(bench_model_dir(args.model))
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    workloads = [w.strip() for w in args.workloads.split(",")]
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(100, 30000) for _ in range(args.prompt_len)] for _ in range(max(sizes))
+    ]
+    k = args.num_speculative_tokens
+    configs: dict[str, Any] = {
+        "off": None,
+        "fixed": {"method": "ngram", "num_speculative_tokens": k, "adaptive": False},
+        "adaptive": {"method": "ngram", "num_speculative_tokens": k},
+    }
+    rows: list[Row] = []
+    bar = tqdm(total=len(MODES) * len(workloads) * len(sizes), desc="bench spec-decode")
+    for mode in MODES:
+        llm = LLM(
+            model,
+            kv_cache_memory_bytes=1 << 30,
+            max_num_seqs=max(sizes),
+            speculative_config=configs[mode],
+        )
+        try:
+            llm.generate(prompts[:4], _params("repeat", 16), use_tqdm=False)  # warm-up
+            for workload in workloads:
+                for b in sizes:
+                    rows.append(_measure(llm, prompts[:b], workload, b, mode, args.max_tokens))
+                    bar.update()
+        finally:
+            llm.engine.shutdown()
+    bar.close()
+    print(table(rows))
+    if args.json:
+        write_result_json(args.json, {"rows": [r.__dict__ for r in rows], "model": args.model})
+    return 0
+
+
+def _params(workload: str, max_tokens: int):  # noqa: ANN202 - workers imported lazily
+    from workers import SamplingParams
+
+    if workload == "repeat":
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1, ignore_eos=True)
+
+
+def _measure(llm: Any, prompts: list, workload: str, b: int, mode: str, max_tokens: int) -> Row:
+    before = llm.stats()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, _params(workload, max_tokens), use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    after = llm.stats()
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    drafts = after.spec_decode_drafts - before.spec_decode_drafts
+    proposed = after.spec_decode_draft_tokens - before.spec_decode_draft_tokens
+    accepted = after.spec_decode_accepted_tokens - before.spec_decode_accepted_tokens
+    return Row(
+        workload,
+        b,
+        mode,
+        tokens / elapsed,
+        accepted / proposed if proposed else None,
+        1 + accepted / drafts if drafts else None,
+    )
+
+
+def table(rows: list[Row]) -> str:
+    """One line per (workload, batch): each mode's tok/s, the others' ratio to off."""
+    lines = [
+        "| workload | batch | off tok/s | fixed tok/s | fixed × | adaptive tok/s | adaptive × "
+        "| acceptance (fixed) | tokens per draft (fixed) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    by = {(r.workload, r.batch, r.mode): r for r in rows}
+    for workload, batch in dict.fromkeys((r.workload, r.batch) for r in rows):
+        off, fixed, adaptive = (by[(workload, batch, m)] for m in MODES)
+        acc = "—" if fixed.acceptance is None else f"{fixed.acceptance:.0%}"
+        per = "—" if fixed.per_draft is None else f"{fixed.per_draft:.2f}"
+        lines.append(
+            f"| {workload} | {batch} | {off.tokens_per_s:,.0f} | {fixed.tokens_per_s:,.0f} | "
+            f"{fixed.tokens_per_s / off.tokens_per_s:.2f} | {adaptive.tokens_per_s:,.0f} | "
+            f"{adaptive.tokens_per_s / off.tokens_per_s:.2f} | {acc} | {per} |"
+        )
+    return "\n".join(lines)

@@ -221,3 +221,20 @@ def test_the_triton_backend_adds_the_deltas_too(families) -> None:
     assert llm.engine.executor.worker.model.triton_layers is not None
     prompts, names = _mixed([3, 20], [None, "a1", "a3"], seed=9)
     family.check(prompts, names, _generate(llm, family, prompts, names))
+
+
+def test_speculative_decoding_verifies_under_each_sequences_adapter(families) -> None:
+    """Drafts (from the plain engine's outputs, some made wrong) verified in chunks whose rows
+    carry each sequence's adapter: the outputs stay the plain LoRA engine's."""
+    from tests.workers.spec_decode.oracle import OracleProposer, reference_of
+
+    family = families["llama"]
+    prompts, names = _mixed([3, 17], [None, "a1", "a2"])
+    ref = _generate(_llm(family), family, prompts, names)
+    spec_config = {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False}
+    llm = _llm(family, speculative_config=spec_config)
+    oracle = OracleProposer(reference_of(ref, names), llm.engine.vocab_size)
+    llm.engine.speculator.proposer = oracle
+    outs = _generate(llm, family, prompts, names)
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
+    assert llm.stats().spec_decode_accepted_tokens > 0

@@ -8,13 +8,14 @@ from workers.core.speculator import SeqSpeculation
 
 
 class OracleProposer:
-    def __init__(self, reference: dict[tuple[int, ...], list[list[int]]], vocab: int) -> None:
-        # prompt ids -> each sample's outputs (by sample index)
+    def __init__(self, reference: dict[tuple, list[list[int]]], vocab: int) -> None:
+        # (prompt ids, adapter name or None) -> each sample's outputs (by sample index)
         self.reference = reference
         self.vocab = vocab
 
     def propose(self, seq: Seq, spec: SeqSpeculation, k: int) -> list[int]:
-        outs = self.reference[tuple(seq.prompt_token_ids)][seq.index]
+        name = None if seq.lora is None else seq.lora.lora_name
+        outs = self.reference[(tuple(seq.prompt_token_ids), name)][seq.index]
         n = seq.num_output_tokens
         draft = list(outs[n : n + k])
         # Every third step a wrong second token: verification keeps t_0, d_1 and the bonus
@@ -24,5 +25,10 @@ class OracleProposer:
         return draft
 
 
-def reference_of(outputs: list) -> dict[tuple[int, ...], list[list[int]]]:  # noqa: ANN001
-    return {tuple(o.prompt_token_ids): [list(c.token_ids) for c in o.outputs] for o in outputs}
+def reference_of(outputs: list, names: list | None = None) -> dict[tuple, list[list[int]]]:
+    """A plain run's outputs by (prompt ids, adapter name: `names[i]` of prompt i, or None)."""
+    names = names or [None] * len(outputs)
+    return {
+        (tuple(o.prompt_token_ids), n): [list(c.token_ids) for c in o.outputs]
+        for o, n in zip(outputs, names, strict=True)
+    }

@@ -132,3 +132,23 @@ def test_ngram_drafts_are_accepted_on_repeating_output(tmp_path: Path) -> None:
     finally:
         plain.engine.shutdown()
         spec.engine.shutdown()
+
+
+def test_streamed_deltas_carry_every_token_of_a_verifying_step_in_order(
+    spec: LLM, plain: LLM
+) -> None:
+    from workers.outputs import RequestOutputKind
+
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    ref, _, _, _ = _with_oracle(spec, plain, PROMPTS[:1], params)
+    engine = spec.engine
+    engine.add_prompt("s", PROMPTS[0], params.derived(output_kind=RequestOutputKind.DELTA))
+    tokens: list[int] = []
+    text, sizes = "", []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.outputs[0].token_ids
+            text += out.outputs[0].text
+            sizes.append(len(out.outputs[0].token_ids))
+    assert tokens == ref[0].outputs[0].token_ids and text == ref[0].outputs[0].text
+    assert max(sizes) > 1  # some step brought several tokens

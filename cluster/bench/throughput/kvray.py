@@ -131,6 +131,8 @@ def llm_kwargs(args: Any, model_dir: Any, tp: int, prefix_caching: bool) -> dict
         kwargs["async_scheduling"] = True
     if getattr(args, "kv_cache_dtype", "auto") != "auto":
         kwargs["kv_cache_dtype"] = args.kv_cache_dtype
+    if getattr(args, "speculative_config", None):
+        kwargs["speculative_config"] = args.speculative_config
     return kwargs
 
 

@@ -104,6 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "kvray also runs with the model's dtype, side by side (the KV blocks each holds in "
         "--kv-cache-memory are reported)",
     )
+    a(
+        "--speculative-config",
+        default=None,
+        help='kvray: speculative decoding, vLLM\'s JSON (e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4}\'); `kvray bench spec-decode` compares it to off',
+    )
     a("--result-json", default=None, metavar="FILE", help="write the results as JSON")
 
 

@@ -250,6 +250,7 @@ class LLMEngine:
             finish_out_of_cache(seq)
             self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
+        decoding = all(seq.prefill_done for seq, _ in sched.scheduled)  # before the launch
         launched = self._launch(sched) if sched.scheduled else None
         # Async scheduling: the step before this one resolves only now, while the device runs
         # the one just launched. Synchronous: the step just launched resolves at once.
@@ -261,7 +262,7 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 self._finish(launched, touched)
-            if self.speculator is not None:  # its cost model: seconds per step of n tokens
+            if self.speculator is not None and decoding:  # its cost model (speculator.py)
                 self.speculator.record_step(sched.num_batched_tokens, time.perf_counter() - t0)
         outputs: list[RequestOutput] = []
         for req in touched.values():

@@ -116,6 +116,8 @@ class Speculator:
         return sampled[: a + 1]
 
     def record_step(self, tokens: int, seconds: float) -> None:
+        """A step of decodes and verifying chunks only: a prompt's tokens cost less each (one
+        large product per weight) and would teach the model the wrong price of a draft."""
         self.cost.record(tokens, seconds)
 
     def stats(self) -> dict[str, object]:

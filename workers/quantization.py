@@ -51,7 +51,15 @@ class QuantizationConfig:
     # [1, group_size]: weight_block_size[1] input columns of an output row; int8 only).
     strategy: str = "block"
     scale_name: str = "weight_scale_inv"  # the checkpoint's name of a weight's scales
-    weights: str = "fp8"  # the stored weights: "fp8" (float8_e4m3fn) | "int8" (W8A16)
+    weights: str = "fp8"  # the stored weights: "fp8" | "int8" (W8A16) | "int4" (W4A16)
+    # int4 only (workers/device/layers/int4_linear.py): whether each scale has a zero point
+    # (asymmetric weights; symmetric ones are centred on 8), and the checkpoint's tensor
+    # layout: "compressed-tensors" (weight_packed, ...), "gptq" or "awq" (qweight, qzeros,
+    # scales; workers/gptq_awq.py); `act_order`: GPTQ's desc_act, a g_idx maps each input
+    # column to its group.
+    zero_point: bool = False
+    layout: str = "compressed-tensors"
+    act_order: bool = False
 
     @property
     def row_block(self) -> int | None:
@@ -63,13 +71,26 @@ class QuantizationConfig:
         """Weight columns per scale (None: every column)."""
         return self.weight_block_size[1] if self.strategy in ("block", "group") else None
 
+    @property
+    def group_field(self) -> str:
+        """config.json's name for the group size, for messages."""
+        if self.method == "compressed-tensors":
+            return "config_groups.*.weights.group_size"
+        return "group_size"
+
     def describe(self) -> str:
         """For the start-up log and /v1/models: "fp8 (128x128 block-scaled weights, dynamic
         activations)"; "compressed-tensors (W8A16: int8 weights scaled per channel,
         unquantized activations)"."""
-        if self.weights == "int8":
+        if self.weights in ("int8", "int4"):
             per = "channel" if self.strategy == "channel" else f"group of {self.col_block} columns"
-            return f"{self.method} (W8A16: int8 weights scaled per {per}, unquantized activations)"
+            bits = self.weights.removeprefix("int")
+            zeros = " with zero points" if self.zero_point else ""
+            order = ", activation order" if self.act_order else ""
+            return (
+                f"{self.method} (W{bits}A16: {self.weights} weights scaled per {per}{zeros}"
+                f"{order}, unquantized activations)"
+            )
         acts = self.activation_scheme
         if self.strategy == "block":
             rows, cols = self.weight_block_size
@@ -127,17 +148,17 @@ class QuantizationConfig:
         for what, size in inputs.items():
             if size % group:
                 raise ValueError(
-                    f"unsupported quantization_config.config_groups.*.weights.group_size {group} "
-                    f"for quant_method 'compressed-tensors': it must divide each projection's "
-                    f"input size, and {what} is {size}"
+                    f"unsupported quantization_config.{self.group_field} {group} for "
+                    f"quant_method {self.method!r}: it must divide each projection's input "
+                    f"size, and {what} is {size}"
                 )
         for what, size in list(inputs.items())[1:]:  # the row-parallel projections' inputs
             if (size // tp_size) % group:
                 raise ValueError(
-                    f"int8 checkpoint: tensor_parallel_size ({tp_size}) splits {what} ({size}) "
-                    f"into shards of {size // tp_size}, which cut its weight scale groups of "
-                    f"{group} columns (quantization_config.config_groups.*.weights.group_size); "
-                    f"pick a tensor_parallel_size that leaves each shard a multiple of {group}"
+                    f"{self.weights} checkpoint: tensor_parallel_size ({tp_size}) splits {what} "
+                    f"({size}) into shards of {size // tp_size}, which cut its weight scale "
+                    f"groups of {group} columns (quantization_config.{self.group_field}); pick "
+                    f"a tensor_parallel_size that leaves each shard a multiple of {group}"
                 )
 
     @staticmethod

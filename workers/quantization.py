@@ -108,6 +108,8 @@ class QuantizationConfig:
         slice of a split dimension must be a whole number of blocks."""
         if self.strategy == "group":
             self._check_groups(model, tp_size)
+        if self.weights == "int4":
+            self._check_packing(model, tp_size)
         if tp_size == 1 or self.strategy != "block":
             return
         block = self.weight_block_size[0]
@@ -159,6 +161,27 @@ class QuantizationConfig:
                     f"({size}) into shards of {size // tp_size}, which cut its weight scale "
                     f"groups of {group} columns (quantization_config.{self.group_field}); pick "
                     f"a tensor_parallel_size that leaves each shard a multiple of {group}"
+                )
+
+    def _check_packing(self, model: ModelConfig, tp_size: int) -> None:
+        """int4 weights (and zero points) are packed eight to an int32 along the input or the
+        output: each rank's part of every split dimension must be whole words."""
+        q = model.num_heads * model.head_dim
+        dims = {
+            "num_attention_heads * head_dim": (q, q // tp_size),
+            "num_key_value_heads * head_dim": (
+                model.num_kv_heads * model.head_dim,
+                model.kv_heads_per_rank(tp_size) * model.head_dim,
+            ),
+            "intermediate_size": (model.intermediate_size, model.intermediate_size // tp_size),
+            "hidden_size": (model.hidden_size, model.hidden_size),
+        }
+        for what, (size, per) in dims.items():
+            if per % 8:
+                raise ValueError(
+                    f"int4 checkpoint: {what} ({size}) gives each of tensor_parallel_size "
+                    f"({tp_size}) ranks {per} weights, not a whole number of int32 words of "
+                    f"eight 4-bit values; pick a tensor_parallel_size that leaves a multiple of 8"
                 )
 
     @staticmethod

@@ -9,13 +9,18 @@ block, activations unquantized ("dynamic"); and compressed-tensors' float-quanti
 FP8 in memory and are dequantized in each forward (workers/device/layers/fp8_linear.py).
 Also compressed-tensors' int-quantized W8A16: int8 weights with a scale per output channel or
 per group of input columns, activations unquantized, kept int8 in memory
-(workers/device/layers/int8_linear.py).
+(workers/device/layers/int8_linear.py); and int4 W4A16 weights, kept packed eight to an int32
+in memory with a scale (and, asymmetric, a zero point) per output channel or group
+(workers/device/layers/int4_linear.py): compressed-tensors' pack-quantized format, GPTQ
+(`quant_method: "gptq"`, v1 packing, desc_act or not) and AWQ GEMM (`quant_method: "awq"`),
+the last two read by workers/gptq_awq.py.
 
 `quantization`: "auto" serves what config.json says; "fp8" asks for FP8 and refuses any other
-checkpoint (an int8 one too); "none" refuses a quantized checkpoint (nothing is dequantized to
-full precision behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes,
-compressed-tensors' int4, packed and other formats, an unknown method, another block size,
-static activation scales) is refused with the field and its value named.
+checkpoint (an int8 or int4 one too); "none" refuses a quantized checkpoint (nothing is
+dequantized to full precision behind the user's back). Every other scheme (bitsandbytes,
+other compressed-tensors formats and bit widths, GPTQ's v2 format or other bit widths, AWQ's
+GEMV layout, an unknown method, another block size, static activation scales) is refused with
+the field and its value named.
 """
 
 from __future__ import annotations
@@ -154,6 +159,8 @@ class QuantizationConfig:
                     f"quant_method {self.method!r}: it must divide each projection's input "
                     f"size, and {what} is {size}"
                 )
+        if self.act_order:  # g_idx: a rank holds every group's scales, none is cut
+            return
         for what, size in list(inputs.items())[1:]:  # the row-parallel projections' inputs
             if (size // tp_size) % group:
                 raise ValueError(
@@ -206,21 +213,24 @@ class QuantizationConfig:
                 f"the checkpoint is quantized (quantization_config.quant_method {method!r}) "
                 "and quantization is 'none'; use 'auto' to serve it"
             )
-        if method == "compressed-tensors":
+        if method in ("compressed-tensors", "gptq", "awq"):
             from workers.compressed_tensors import compressed_tensors_fields
+            from workers.gptq_awq import awq_fields, gptq_fields
 
-            quant = QuantizationConfig(**compressed_tensors_fields(arch, raw))
+            read = {"gptq": gptq_fields, "awq": awq_fields}.get(method, compressed_tensors_fields)
+            quant = QuantizationConfig(**read(arch, raw))
             if requested == "fp8" and quant.weights != "fp8":
                 raise ValueError(
-                    f"quantization 'fp8' needs an FP8 checkpoint, and this compressed-tensors "
+                    f"quantization 'fp8' needs an FP8 checkpoint, and this {method} "
                     f"checkpoint's weights are {quant.weights}; use 'auto' to serve it"
                 )
             return quant
         if method != "fp8":
             raise ValueError(
                 f"unsupported quantization_config.quant_method {method!r}: kvray supports "
-                "'fp8' (128x128 block-scaled) and 'compressed-tensors' (float-quantized FP8, "
-                "int-quantized int8 W8A16) checkpoints"
+                "'fp8' (128x128 block-scaled), 'compressed-tensors' (float-quantized FP8, "
+                "int-quantized int8 W8A16, pack-quantized int4 W4A16), 'gptq' and 'awq' (int4) "
+                "checkpoints"
             )
         _need(raw, "weight_block_size", [FP8_BLOCK, FP8_BLOCK], "only [128, 128] block scales")
         _need(raw, "activation_scheme", "dynamic", "only dynamic activations", absent="dynamic")

@@ -10,7 +10,8 @@ and refuses a tensor-parallel shard that would cut a packed word or a scale grou
 compressed-tensors' pack-quantized layout (the layer's own): `weight_packed` int32
 [out, in / 8] (rows or words sliced), `weight_scale` [out, groups], `weight_shape` [2]
 (checked, not stored), `weight_zero_point` int32 [out / 8, groups] packed along the rows
-(unpacked at load into the layer's uint8 zeros). GPTQ and AWQ: workers/gptq_awq.py.
+(unpacked at load into the layer's uint8 zeros). GPTQ and AWQ: workers/device/
+gptq_awq_targets.py.
 """
 
 from __future__ import annotations
@@ -110,10 +111,11 @@ def int4_targets(
     name: str, module: Any, split: SplitLike, part: int | None
 ) -> dict[str, Int4Target]:
     """Targets of projection `name` (compressed-tensors' names; GPTQ and AWQ through
-    workers/gptq_awq.py), its fused part `part` (None: not fused), this rank's `split`."""
+    workers/device/gptq_awq_targets.py), its fused part `part` (None: not fused), this rank's
+    `split`."""
     layout = module.quant.layout
     if layout != "compressed-tensors":
-        from workers.gptq_awq import gptq_awq_targets
+        from workers.device.gptq_awq_targets import gptq_awq_targets
 
         return gptq_awq_targets(name, module, split, part)
     rows_split = split.axis == "rows"

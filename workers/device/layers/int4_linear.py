@@ -33,6 +33,8 @@ a shard that would cut a group or a packed word is refused.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -56,9 +58,13 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 def unpack_int4(packed: torch.Tensor, columns: int) -> torch.Tensor:
     """`packed` int32 [N, ceil(columns / 8)] -> the values 0..15, uint8 [N, columns]."""
-    shifts = _SHIFTS.to(packed.device)
-    q = (packed.unsqueeze(-1) >> shifts) & 0xF  # arithmetic shift: the mask drops the sign
-    return q.flatten(-2)[..., :columns].to(torch.uint8)
+    if sys.byteorder == "little":  # a word's bytes hold values (0, 1), (2, 3), ...: split them
+        b = packed.contiguous().view(torch.uint8)
+        q = torch.stack((b & 0xF, b >> 4), dim=-1)
+    else:
+        shifts = _SHIFTS.to(packed.device)
+        q = ((packed.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8)  # the mask drops the sign
+    return q.flatten(-2)[..., :columns]
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -80,18 +86,22 @@ def dequantize_int4(
 ) -> torch.Tensor:
     """(q - zero) * scale in `dtype`, [N, columns]: groups of columns / groups contiguous
     columns each (one group: per channel), or column k in group `g_idx[k]`."""
-    q = unpack_int4(packed, columns).to(torch.int16)
+    # Small integers are exact in every float dtype: (q - zero) is, and the product with the
+    # scale rounds once, as transformers' (x_q - zero_point) * scale does.
+    q = unpack_int4(packed, columns).to(dtype)
     if g_idx is not None:
         idx = g_idx.long()
-        return (q - zero.index_select(-1, idx)).to(dtype) * scale.index_select(-1, idx).to(dtype)
+        return (q - zero.index_select(-1, idx).to(dtype)) * scale.index_select(-1, idx).to(dtype)
     groups = scale.shape[-1]
     q = q.unflatten(-1, (groups, columns // groups))
-    w = (q - zero.unsqueeze(-1)).to(dtype) * scale.to(dtype).unsqueeze(-1)
+    w = (q - zero.to(dtype).unsqueeze(-1)) * scale.to(dtype).unsqueeze(-1)
     return w.flatten(-2)
 
 
 class _Int4Linear(nn.Module):
     """A packed int4 weight [sum(output_sizes), in_features], its scales and zeros, a bias."""
+
+    splits_input = False  # row-parallel: `in_features` is this rank's part
 
     def __init__(
         self,
@@ -108,7 +118,10 @@ class _Int4Linear(nn.Module):
         self.in_features, self.dtype, self.quant = in_features, dtype, quant
         self.row_block, self.col_block = 1, quant.col_block  # a scale per row and group
         out = sum(output_sizes)
-        groups = 1 if self.col_block is None else -(-in_features // self.col_block)
+        # Under activation order a row-parallel rank's columns may be in any group: it holds
+        # the scales and zeros of every group of the whole input.
+        grouped = in_features * tp.size if quant.act_order and self.splits_input else in_features
+        groups = 1 if self.col_block is None else -(-grouped // self.col_block)
         words = -(-in_features // PACK)
         self.weight_packed = nn.Parameter(torch.empty(out, words, dtype=torch.int32), False)
         self.weight_scale = nn.Parameter(torch.empty(out, groups, dtype=torch.float32), False)
@@ -210,3 +223,5 @@ class Int4ColumnParallelLinear(QuantizedColumnParallel, _Int4Linear):
 class Int4RowParallelLinear(QuantizedRowParallel, _Int4Linear):
     """RowParallelLinear over a packed int4 weight: this rank's columns and their groups'
     scales and zeros, one all-reduce, the bias after it."""
+
+    splits_input = True

@@ -22,9 +22,11 @@ Served:
 Weights stay FP8 / int8 / int4 in memory; the activations are computed in full precision, as
 transformers' reference (its loading with `dequantize=True`) computes them. Refused with the
 field and its value named: another format ("naive-quantized", sparse formats), other bit
-widths (8-bit "pack-quantized" too), asymmetric int8 weights, int8 activations
-(W8A8), an activation ordering (`actorder`: a g_idx permutation), static activation scales,
-more than one scheme, and mixture-of-experts models (their expert layout is not read yet).
+widths (8-bit "pack-quantized" too), asymmetric int8 weights, int8 activations (W8A8), a
+stored activation ordering (`actorder: "group"`: a weight_g_idx permutation; "weight" /
+"static", llm-compressor's GPTQ default, orders the calibration only and is served), static
+activation scales, more than one scheme, and mixture-of-experts models (their expert layout
+is not read yet).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ _BITS = {
     "pack-quantized": (4, "int4", "weight-only int4 (W4A16)"),
 }
 BLOCK = 128  # the block strategy's rows and columns per scale (workers/quantization.FP8_BLOCK)
+_STATIC_ORDERS = (None, "weight", "static")  # actorder values that leave the format as it is
 # Expert layouts differ between llm-compressor's exports: no test holds them to a reference yet.
 _UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
@@ -90,7 +93,14 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     acts = group.get("input_activations")
     scheme = "dynamic"
     if wtype == "int":
-        _expect("weights.actorder", w.get("actorder"), None, "no activation ordering")
+        # "weight" ("static"; llm-compressor's GPTQ default) orders the calibration only: the
+        # stored format is unchanged. "group" ("dynamic") would store a weight_g_idx.
+        if w.get("actorder") not in _STATIC_ORDERS:
+            _refuse(
+                "config_groups.*.weights.actorder",
+                w.get("actorder"),
+                f"no activation ordering, or one of {_STATIC_ORDERS[1:]} (format unchanged)",
+            )
         _expect("input_activations", acts, None, scheme_name)
         fields["weights"] = held
         if held == "int4":

@@ -52,6 +52,12 @@ def test_the_packages_own_w4a16_presets_are_read(preset: str, zero_point: bool) 
     )
 
 
+@pytest.mark.parametrize("order", ["weight", "static"])
+def test_a_calibration_only_activation_order_is_read(order: str) -> None:
+    """llm-compressor's GPTQ default: the stored format is unchanged (no weight_g_idx)."""
+    assert _read(_edited(f"{W}.actorder", order)).weights == "int4"
+
+
 def test_channel_scales_and_the_start_up_log() -> None:
     quant = _read(_config("channel"))
     assert (quant.strategy, quant.col_block) == ("channel", None)

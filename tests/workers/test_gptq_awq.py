@@ -181,3 +181,35 @@ def _re(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def _with_biases(src: Path, dst: Path, value: float) -> Path:
+    """A copy of `src` with a `bias` of `value` on every projection, as AutoGPTQ saves them."""
+    from safetensors.torch import save_file
+
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(src / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(".scales")]:
+        tensors[name.removesuffix("scales") + "bias"] = torch.full(
+            (tensors[name].shape[1],), value, dtype=torch.float16
+        )
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_zero_biases_on_every_projection_are_read_and_others_refused(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    src = checkpoints["gptq"]
+    zeros = _loaded(_with_biases(src, tmp_path / "zeros", 0.0), TPGroup())
+    plain = _loaded(src, TPGroup())
+    layer, want = zeros.layers[0].mlp.down_proj, plain.layers[0].mlp.down_proj
+    assert torch.equal(layer.dequantized(torch.float32), want.dequantized(torch.float32))
+    with pytest.raises(
+        ValueError,
+        match=r"model\.layers\.\d\.\S+_proj\.bias: a bias on a projection this model has none",
+    ):
+        _loaded(_with_biases(src, tmp_path / "ones", 1.0), TPGroup())

@@ -88,6 +88,12 @@ def gptq_awq_targets(
         f"{name}.qzeros": Int4Target(module.weight_zero, (groups, words_n), _INT32, zeros, offset),
         f"{name}.scales": Int4Target(module.weight_scale, (groups, n), _FLOATS, scales, offset),
     }
+    if module.bias is None:
+        # AutoGPTQ's and AutoAWQ's layers save a bias for every projection, zeros where the
+        # model has none: read and checked, never required.
+        out[f"{name}.bias"] = Int4Target(
+            None, (n,), _FLOATS, lambda s: s[:], check=_zero_bias, optional=True
+        )
     if not awq:  # GPTQ always writes g_idx: each column's group (k // group unless desc_act)
         param = module.g_idx if act_order else None
         if act_order:
@@ -140,3 +146,8 @@ def _trivial_g_idx(group: int | None, first: int) -> Callable[[torch.Tensor], No
             )
 
     return check
+
+
+def _zero_bias(t: torch.Tensor) -> None:
+    if bool(t.any()):
+        raise ValueError("a bias on a projection this model has none on (only zeros are read)")

@@ -49,9 +49,11 @@ class Int4Target:
         read: Callable[[Any], torch.Tensor],
         row_offset: int = 0,
         check: Callable[[torch.Tensor], None] | None = None,
+        optional: bool = False,
     ) -> None:
         self.param, self.shape, self.dtypes, self.read = param, shape, dtypes, read
         self.row_offset, self.check = row_offset, check
+        self.optional = optional  # the loader does not miss it when a checkpoint lacks it
 
     def load(self, lazy: Any) -> None:
         shape = tuple(lazy.get_shape())

@@ -395,6 +395,6 @@ def load_weights(
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
         seen.add(name)
-    missing = sorted(set(targets) - seen)
+    missing = sorted(n for n in set(targets) - seen if not getattr(targets[n], "optional", 0))
     if missing:
         raise ValueError(f"checkpoint {c.path} is missing tensors: {', '.join(missing[:8])}")

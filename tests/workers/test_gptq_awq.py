@@ -213,3 +213,23 @@ def test_zero_biases_on_every_projection_are_read_and_others_refused(
         match=r"model\.layers\.\d\.\S+_proj\.bias: a bias on a projection this model has none",
     ):
         _loaded(_with_biases(src, tmp_path / "ones", 1.0), TPGroup())
+
+
+@pytest.mark.parametrize(
+    ("variant", "fast"), [("gptq", True), ("awq", True), ("gptq-desc-act", False)]
+)
+def test_the_cpu_fast_path_runs_them_in_bfloat16(
+    variant: str, fast: bool, checkpoints: dict[str, Path]
+) -> None:
+    """CPU's 4-bit GEMM (workers/device/layers/int4_linear.py) takes GPTQ and AWQ weights as
+    it takes compressed-tensors' (not under activation order), within bfloat16 rounding."""
+    c = ModelConfig.from_pretrained(checkpoints[variant])
+    model = build_model(c, TPGroup(), torch.bfloat16, 64)
+    load_weights(model, c, TPGroup())
+    layer = model.layers[0].mlp.down_proj
+    layer.fast_path = True
+    assert layer.uses_fast_path(torch.bfloat16, 1) == fast
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0))
+    got = layer(x.bfloat16()).float()
+    exact = x @ layer.dequantized(torch.float32).t()
+    assert (got - exact).abs().max() <= 1e-2 * exact.abs().max()

@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
-from workers.device.int4_targets import Int4Target, SplitLike, check_cut, part_range
+from workers.device.int4_tensor import FLOATS, Int4Target, SplitLike, check_cut, part_range
 from workers.device.layers.int4_linear import PACK, pack_int4, unpack_int4
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INT32 = (torch.int32,)
 # Column 8c + j of an AWQ word is its nibble _AWQ_COLUMN_NIBBLE[j].
 _AWQ_COLUMN_NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]
@@ -86,13 +85,13 @@ def gptq_awq_targets(
     out = {
         f"{name}.qweight": Int4Target(module.weight_packed, qweight_shape, _INT32, weight, offset),
         f"{name}.qzeros": Int4Target(module.weight_zero, (groups, words_n), _INT32, zeros, offset),
-        f"{name}.scales": Int4Target(module.weight_scale, (groups, n), _FLOATS, scales, offset),
+        f"{name}.scales": Int4Target(module.weight_scale, (groups, n), FLOATS, scales, offset),
     }
     if module.bias is None:
         # AutoGPTQ's and AutoAWQ's layers save a bias for every projection, zeros where the
         # model has none: read and checked, never required.
         out[f"{name}.bias"] = Int4Target(
-            None, (n,), _FLOATS, lambda s: s[:], check=_zero_bias, optional=True
+            None, (n,), FLOATS, lambda s: s[:], check=_zero_bias, optional=True
         )
     if not awq:  # GPTQ always writes g_idx: each column's group (k // group unless desc_act)
         param = module.g_idx if act_order else None

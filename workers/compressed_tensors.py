@@ -11,13 +11,22 @@ Served:
 - the "int-quantized" format with 8-bit integer weights and no input activations (W8A16):
   every Linear stored int8 with a `<name>.weight_scale` [out, 1] per output channel, or
   [out, in / group_size] per group of input columns (`w = int8 * scale`), symmetric (no zero
-  point), static.
-Weights stay FP8 / int8 in memory; the activations are computed in full precision, as
+  point), static;
+- the "pack-quantized" format with 4-bit integer weights and no input activations (W4A16,
+  llm-compressor's W4A16 and W4A16_ASYM presets, RedHatAI's *-quantized.w4a16): every Linear
+  stored as `<name>.weight_packed` (int32, eight 4-bit values per word along the input,
+  lowest bits first, each value stored + 8), `<name>.weight_scale` [out, 1] or
+  [out, in / group_size], `<name>.weight_shape` ([out, in]) and, asymmetric, a
+  `<name>.weight_zero_point` packed eight per int32 along the output rows
+  (`w = (q - zero_point) * scale`; workers/device/layers/int4_linear.py).
+Weights stay FP8 / int8 / int4 in memory; the activations are computed in full precision, as
 transformers' reference (its loading with `dequantize=True`) computes them. Refused with the
-field and its value named: another format (int4 or packed "pack-quantized",
-"naive-quantized", sparse formats), other bit widths, asymmetric weights, int8 activations
-(W8A8), an activation ordering (`actorder`: a g_idx permutation), static activation scales,
-more than one scheme, and mixture-of-experts models (their expert layout is not read yet).
+field and its value named: another format ("naive-quantized", sparse formats), other bit
+widths (8-bit "pack-quantized" too), asymmetric int8 weights, int8 activations (W8A8), a
+stored activation ordering (`actorder: "group"`: a weight_g_idx permutation; "weight" /
+"static", llm-compressor's GPTQ default, orders the calibration only and is served), static
+activation scales, more than one scheme, and mixture-of-experts models (their expert layout
+is not read yet).
 """
 
 from __future__ import annotations
@@ -28,8 +37,16 @@ from typing import Any
 FORMATS = {
     "float-quantized": ("float", ("channel", "tensor", "block"), "FP8 weights"),
     "int-quantized": ("int", ("channel", "group"), "int8 weights, W8A16"),
+    "pack-quantized": ("int", ("channel", "group"), "int4 weights packed in int32, W4A16"),
+}
+# format -> (weights.num_bits, what kvray holds: QuantizationConfig.weights, the scheme's name)
+_BITS = {
+    "float-quantized": (8, "fp8", "FP8"),
+    "int-quantized": (8, "int8", "weight-only int8 (W8A16)"),
+    "pack-quantized": (4, "int4", "weight-only int4 (W4A16)"),
 }
 BLOCK = 128  # the block strategy's rows and columns per scale (workers/quantization.FP8_BLOCK)
+_STATIC_ORDERS = (None, "weight", "static")  # actorder values that leave the format as it is
 # Expert layouts differ between llm-compressor's exports: no test holds them to a reference yet.
 _UNSUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
@@ -51,9 +68,14 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     if targets != ["Linear"]:
         _refuse("config_groups.*.targets", targets, "['Linear']")
     w = group.get("weights") or {}
-    _expect("weights.num_bits", w.get("num_bits"), 8, "8-bit weights")
+    bits, held, scheme_name = _BITS[fmt]
+    _expect("weights.num_bits", w.get("num_bits"), bits, f"{bits}-bit weights in format {fmt!r}")
     _expect("weights.type", w.get("type"), wtype, f"{wtype} weights in format {fmt!r}")
-    _expect("weights.symmetric", w.get("symmetric", True), True, "symmetric weights")
+    symmetric = w.get("symmetric", True)
+    if held != "int4":  # int4's asymmetric variant stores a packed zero point per scale
+        _expect("weights.symmetric", symmetric, True, "symmetric weights")
+    elif symmetric not in (True, False):
+        _refuse("config_groups.*.weights.symmetric", symmetric, "true or false")
     _expect("weights.dynamic", w.get("dynamic", False), False, "static weight scales")
     strategy = w.get("strategy")
     if strategy not in strategies:
@@ -71,9 +93,18 @@ def compressed_tensors_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     acts = group.get("input_activations")
     scheme = "dynamic"
     if wtype == "int":
-        _expect("weights.actorder", w.get("actorder"), None, "no activation ordering")
-        _expect("input_activations", acts, None, "weight-only int8 (W8A16)")
-        fields["weights"] = "int8"
+        # "weight" ("static"; llm-compressor's GPTQ default) orders the calibration only: the
+        # stored format is unchanged. "group" ("dynamic") would store a weight_g_idx.
+        if w.get("actorder") not in _STATIC_ORDERS:
+            _refuse(
+                "config_groups.*.weights.actorder",
+                w.get("actorder"),
+                f"no activation ordering, or one of {_STATIC_ORDERS[1:]} (format unchanged)",
+            )
+        _expect("input_activations", acts, None, scheme_name)
+        fields["weights"] = held
+        if held == "int4":
+            fields["zero_point"] = not symmetric
     elif acts is not None:
         _expect("input_activations.dynamic", acts.get("dynamic"), True, "dynamic scales")
         _expect("input_activations.type", acts.get("type"), "float", "FP8 activations")

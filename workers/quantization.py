@@ -9,13 +9,18 @@ block, activations unquantized ("dynamic"); and compressed-tensors' float-quanti
 FP8 in memory and are dequantized in each forward (workers/device/layers/fp8_linear.py).
 Also compressed-tensors' int-quantized W8A16: int8 weights with a scale per output channel or
 per group of input columns, activations unquantized, kept int8 in memory
-(workers/device/layers/int8_linear.py).
+(workers/device/layers/int8_linear.py); and int4 W4A16 weights, kept packed eight to an int32
+in memory with a scale (and, asymmetric, a zero point) per output channel or group
+(workers/device/layers/int4_linear.py): compressed-tensors' pack-quantized format, GPTQ
+(`quant_method: "gptq"`, v1 packing, desc_act or not) and AWQ GEMM (`quant_method: "awq"`),
+the last two read by workers/gptq_awq.py.
 
 `quantization`: "auto" serves what config.json says; "fp8" asks for FP8 and refuses any other
-checkpoint (an int8 one too); "none" refuses a quantized checkpoint (nothing is dequantized to
-full precision behind the user's back). Every other scheme (GPTQ, AWQ, bitsandbytes,
-compressed-tensors' int4, packed and other formats, an unknown method, another block size,
-static activation scales) is refused with the field and its value named.
+checkpoint (an int8 or int4 one too); "none" refuses a quantized checkpoint (nothing is
+dequantized to full precision behind the user's back). Every other scheme (bitsandbytes,
+other compressed-tensors formats and bit widths, GPTQ's v2 format or other bit widths, AWQ's
+GEMV layout, an unknown method, another block size, static activation scales) is refused with
+the field and its value named.
 """
 
 from __future__ import annotations
@@ -51,7 +56,15 @@ class QuantizationConfig:
     # [1, group_size]: weight_block_size[1] input columns of an output row; int8 only).
     strategy: str = "block"
     scale_name: str = "weight_scale_inv"  # the checkpoint's name of a weight's scales
-    weights: str = "fp8"  # the stored weights: "fp8" (float8_e4m3fn) | "int8" (W8A16)
+    weights: str = "fp8"  # the stored weights: "fp8" | "int8" (W8A16) | "int4" (W4A16)
+    # int4 only (workers/device/layers/int4_linear.py): whether each scale has a zero point
+    # (asymmetric weights; symmetric ones are centred on 8), and the checkpoint's tensor
+    # layout: "compressed-tensors" (weight_packed, ...), "gptq" or "awq" (qweight, qzeros,
+    # scales; workers/gptq_awq.py); `act_order`: GPTQ's desc_act, a g_idx maps each input
+    # column to its group.
+    zero_point: bool = False
+    layout: str = "compressed-tensors"
+    act_order: bool = False
 
     @property
     def row_block(self) -> int | None:
@@ -63,13 +76,26 @@ class QuantizationConfig:
         """Weight columns per scale (None: every column)."""
         return self.weight_block_size[1] if self.strategy in ("block", "group") else None
 
+    @property
+    def group_field(self) -> str:
+        """config.json's name for the group size, for messages."""
+        if self.method == "compressed-tensors":
+            return "config_groups.*.weights.group_size"
+        return "group_size"
+
     def describe(self) -> str:
         """For the start-up log and /v1/models: "fp8 (128x128 block-scaled weights, dynamic
         activations)"; "compressed-tensors (W8A16: int8 weights scaled per channel,
         unquantized activations)"."""
-        if self.weights == "int8":
+        if self.weights in ("int8", "int4"):
             per = "channel" if self.strategy == "channel" else f"group of {self.col_block} columns"
-            return f"{self.method} (W8A16: int8 weights scaled per {per}, unquantized activations)"
+            bits = self.weights.removeprefix("int")
+            zeros = " with zero points" if self.zero_point else ""
+            order = ", activation order" if self.act_order else ""
+            return (
+                f"{self.method} (W{bits}A16: {self.weights} weights scaled per {per}{zeros}"
+                f"{order}, unquantized activations)"
+            )
         acts = self.activation_scheme
         if self.strategy == "block":
             rows, cols = self.weight_block_size
@@ -87,6 +113,8 @@ class QuantizationConfig:
         slice of a split dimension must be a whole number of blocks."""
         if self.strategy == "group":
             self._check_groups(model, tp_size)
+        if self.weights == "int4":
+            self._check_packing(model, tp_size)
         if tp_size == 1 or self.strategy != "block":
             return
         block = self.weight_block_size[0]
@@ -127,17 +155,40 @@ class QuantizationConfig:
         for what, size in inputs.items():
             if size % group:
                 raise ValueError(
-                    f"unsupported quantization_config.config_groups.*.weights.group_size {group} "
-                    f"for quant_method 'compressed-tensors': it must divide each projection's "
-                    f"input size, and {what} is {size}"
+                    f"unsupported quantization_config.{self.group_field} {group} for "
+                    f"quant_method {self.method!r}: it must divide each projection's input "
+                    f"size, and {what} is {size}"
                 )
+        if self.act_order:  # g_idx: a rank holds every group's scales, none is cut
+            return
         for what, size in list(inputs.items())[1:]:  # the row-parallel projections' inputs
             if (size // tp_size) % group:
                 raise ValueError(
-                    f"int8 checkpoint: tensor_parallel_size ({tp_size}) splits {what} ({size}) "
-                    f"into shards of {size // tp_size}, which cut its weight scale groups of "
-                    f"{group} columns (quantization_config.config_groups.*.weights.group_size); "
-                    f"pick a tensor_parallel_size that leaves each shard a multiple of {group}"
+                    f"{self.weights} checkpoint: tensor_parallel_size ({tp_size}) splits {what} "
+                    f"({size}) into shards of {size // tp_size}, which cut its weight scale "
+                    f"groups of {group} columns (quantization_config.{self.group_field}); pick "
+                    f"a tensor_parallel_size that leaves each shard a multiple of {group}"
+                )
+
+    def _check_packing(self, model: ModelConfig, tp_size: int) -> None:
+        """int4 weights (and zero points) are packed eight to an int32 along the input or the
+        output: each rank's part of every split dimension must be whole words."""
+        q = model.num_heads * model.head_dim
+        dims = {
+            "num_attention_heads * head_dim": (q, q // tp_size),
+            "num_key_value_heads * head_dim": (
+                model.num_kv_heads * model.head_dim,
+                model.kv_heads_per_rank(tp_size) * model.head_dim,
+            ),
+            "intermediate_size": (model.intermediate_size, model.intermediate_size // tp_size),
+            "hidden_size": (model.hidden_size, model.hidden_size),
+        }
+        for what, (size, per) in dims.items():
+            if per % 8:
+                raise ValueError(
+                    f"int4 checkpoint: {what} ({size}) gives each of tensor_parallel_size "
+                    f"({tp_size}) ranks {per} weights, not a whole number of int32 words of "
+                    f"eight 4-bit values; pick a tensor_parallel_size that leaves a multiple of 8"
                 )
 
     @staticmethod
@@ -162,21 +213,24 @@ class QuantizationConfig:
                 f"the checkpoint is quantized (quantization_config.quant_method {method!r}) "
                 "and quantization is 'none'; use 'auto' to serve it"
             )
-        if method == "compressed-tensors":
+        if method in ("compressed-tensors", "gptq", "awq"):
             from workers.compressed_tensors import compressed_tensors_fields
+            from workers.gptq_awq import awq_fields, gptq_fields
 
-            quant = QuantizationConfig(**compressed_tensors_fields(arch, raw))
+            read = {"gptq": gptq_fields, "awq": awq_fields}.get(method, compressed_tensors_fields)
+            quant = QuantizationConfig(**read(arch, raw))
             if requested == "fp8" and quant.weights != "fp8":
                 raise ValueError(
-                    f"quantization 'fp8' needs an FP8 checkpoint, and this compressed-tensors "
+                    f"quantization 'fp8' needs an FP8 checkpoint, and this {method} "
                     f"checkpoint's weights are {quant.weights}; use 'auto' to serve it"
                 )
             return quant
         if method != "fp8":
             raise ValueError(
                 f"unsupported quantization_config.quant_method {method!r}: kvray supports "
-                "'fp8' (128x128 block-scaled) and 'compressed-tensors' (float-quantized FP8, "
-                "int-quantized int8 W8A16) checkpoints"
+                "'fp8' (128x128 block-scaled), 'compressed-tensors' (float-quantized FP8, "
+                "int-quantized int8 W8A16, pack-quantized int4 W4A16), 'gptq' and 'awq' (int4) "
+                "checkpoints"
             )
         _need(raw, "weight_block_size", [FP8_BLOCK, FP8_BLOCK], "only [128, 128] block scales")
         _need(raw, "activation_scheme", "dynamic", "only dynamic activations", absent="dynamic")

@@ -76,7 +76,7 @@ A = "config_groups.group_0.input_activations"
 @pytest.mark.parametrize(
     ("path", "value", "named"),
     [
-        ("format", "pack-quantized", "format 'pack-quantized'"),
+        ("format", "naive-quantized", "format 'naive-quantized'"),
         ("format", None, "format None"),
         (f"{W}.num_bits", 4, r"config_groups.\*.weights.num_bits 4"),
         (f"{W}.type", "int", r"config_groups.\*.weights.type 'int'"),
@@ -186,7 +186,13 @@ INT8_ACTS = {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": Tru
         (f"{W}.group_size", 0, "group", r"weights.group_size 0"),
         (f"{W}.actorder", "group", "group", r"config_groups.\*.weights.actorder 'group'"),
         (A, INT8_ACTS, "channel", r"config_groups.\*.input_activations \{.*weight-only int8"),
-        ("format", "pack-quantized", "channel", "format 'pack-quantized'"),
+        # 8-bit pack-quantized: int4 only (tests/workers/test_int4_config.py).
+        (
+            "format",
+            "pack-quantized",
+            "channel",
+            r"config_groups.\*.weights.num_bits 8.* 4-bit weights in format 'pack-quantized'",
+        ),
     ],
 )
 def test_other_int8_schemes_are_refused_naming_field_and_value(

@@ -47,8 +47,9 @@ def test_transformers_defaults_for_absent_keys() -> None:
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"quant_method": "gptq", "bits": 4}, "quantization_config.quant_method 'gptq'"),
-        ({"quant_method": "awq"}, "quantization_config.quant_method 'awq'"),
+        # GPTQ and AWQ int4 are served; their other variants: tests/workers/test_gptq_awq.py.
+        ({"quant_method": "gptq", "bits": 3}, "quantization_config.bits 3 for quant_method 'gptq'"),
+        ({"quant_method": "awq"}, "quantization_config.w_bit None for quant_method 'awq'"),
         ({"quant_method": "bitsandbytes"}, "quantization_config.quant_method 'bitsandbytes'"),
         # Its formats: tests/workers/test_compressed_tensors.py.
         ({"quant_method": "compressed-tensors"}, "quantization_config.format None"),
@@ -73,10 +74,10 @@ def test_an_unsupported_scheme_is_refused_by_engine_args(fp8_dir: Path, tmp_path
     for f in fp8_dir.iterdir():
         (path / f.name).symlink_to(f)
     cfg = json.loads((fp8_dir / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 8, "group_size": 128}
     (path / "config.json").unlink()
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="quant_method 'gptq'"):
+    with pytest.raises(ValueError, match="bits 8 for quant_method 'gptq'"):
         EngineArgs(model=str(path)).create_config()
 
 

@@ -3,11 +3,9 @@
 Each tensor is read through safetensors' lazy slices (memory-mapped), so a rank reads only
 the rows/columns it owns and peak host memory stays near one shard, never the full model.
 
-An FP8 checkpoint's projections (workers/quantization.py) are read as they are stored,
-float8_e4m3fn, with their `weight_scale_inv` grids sliced along the same split, block for
-block (`_linear`); an int8 (W8A16) checkpoint's as int8, their `weight_scale`s likewise. A
-weight in the wrong dtype, a scale grid of the wrong shape, a missing scale or a shard that
-cuts a block or group is refused with the tensor named.
+FP8 and int8 projections (workers/quantization.py) are read as stored, their scales sliced
+along the same split (`_linear`); int4 ones by workers/device/int4_targets.py. A wrong dtype
+or scale shape, a missing scale or a shard cutting a block or group is refused, tensor named.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from safetensors import safe_open
 
 from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
+from workers.device.int4_targets import int4_targets
 from workers.device.layers.embedding import padded_vocab
 from workers.device.layers.fp8_linear import FP8_DTYPE, blocks
 from workers.device.layers.int8_linear import INT8_DTYPE
@@ -212,8 +211,9 @@ def _proj(
     part: int | None = None,
     scale_name: str = "weight_scale_inv",
 ) -> dict[str, _Target]:
-    """`_linear` of a projection module (full precision, FP8: fp8_linear.py, or int8:
-    int8_linear.py), its fused part `part` (None: not fused)."""
+    """`_linear` of projection `module` (full precision, FP8, int8), fused part `part`."""
+    if hasattr(module, "weight_packed"):  # int4: its own tensor names and in-memory form
+        return int4_targets(name, module, split, part)  # type: ignore[return-value]
     scale = getattr(module, "weight_scale_inv", getattr(module, "weight_scale", None))
     offsets = None
     if part is not None:
@@ -395,6 +395,6 @@ def load_weights(
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
         seen.add(name)
-    missing = sorted(set(targets) - seen)
+    missing = sorted(n for n in set(targets) - seen if not getattr(targets[n], "optional", 0))
     if missing:
         raise ValueError(f"checkpoint {c.path} is missing tensors: {', '.join(missing[:8])}")

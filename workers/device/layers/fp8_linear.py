@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from workers.device.distributed import TPGroup
+from workers.device.layers.int4_linear import Int4ColumnParallelLinear, Int4RowParallelLinear
 from workers.device.layers.int8_linear import Int8ColumnParallelLinear, Int8RowParallelLinear
 from workers.device.layers.linear import ColumnParallelLinear, RowParallelLinear
 from workers.device.layers.quantized_parallel import (
@@ -125,12 +126,14 @@ def column_parallel(
     tp: TPGroup,
     dtype: torch.dtype,
 ) -> nn.Module:
-    """A column-parallel projection: FP8 or int8 (int8_linear.py) when the checkpoint is, else
-    full precision."""
+    """A column-parallel projection: FP8, int8 or int4 (int8_linear.py, int4_linear.py) when
+    the checkpoint is, else full precision."""
     if quant is None:
         return ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype)
     if quant.weights == "int8":
         return Int8ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype, quant)
+    if quant.weights == "int4":
+        return Int4ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype, quant)
     return Fp8ColumnParallelLinear(in_features, output_sizes, bias, tp, dtype, quant)
 
 
@@ -142,10 +145,12 @@ def row_parallel(
     tp: TPGroup,
     dtype: torch.dtype,
 ) -> nn.Module:
-    """A row-parallel projection: FP8 or int8 (int8_linear.py) when the checkpoint is, else
-    full precision."""
+    """A row-parallel projection: FP8, int8 or int4 (int8_linear.py, int4_linear.py) when
+    the checkpoint is, else full precision."""
     if quant is None:
         return RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype)
     if quant.weights == "int8":
         return Int8RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype, quant)
+    if quant.weights == "int4":
+        return Int4RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype, quant)
     return Fp8RowParallelLinear(in_features_per_rank, out_features, bias, tp, dtype, quant)

@@ -128,9 +128,10 @@ class Int8RowParallelLinear(QuantizedRowParallel, _Int8Linear):
 
 
 def set_fast_path(model: nn.Module, on: bool) -> int:
-    """Turns the int8 layers' fast path on or off (EngineArgs.cpu_kernels); returns how many
-    layers there are."""
-    layers = [m for m in model.modules() if isinstance(m, _Int8Linear)]
+    """Turns the int8 and int4 layers' fast paths on or off (EngineArgs.cpu_kernels; int4's
+    packs its kernel's copy here, after loading: int4_linear.py); returns how many layers
+    there are."""
+    layers = [m for m in model.modules() if hasattr(m, "uses_fast_path")]
     for m in layers:
         m.fast_path = on
     return len(layers)

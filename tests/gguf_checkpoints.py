@@ -165,10 +165,12 @@ def make_gguf(
     tokenizer: bool = True,
     metadata: dict[str, Any] | None = None,
     types: dict[str, str] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write a tiny random GGUF file of `arch` (SPECS) whose matrices are `qtype` (QTYPES,
     F32, F16 or gguf-py's other quantizable types); `types`: other types for some tensors by
-    name; `metadata`: extra key/values (tests of refusals); `tokenizer`: embed the demo's."""
+    name; `metadata`: extra key/values and `extra`: extra F32 tensors (tests of refusals);
+    `tokenizer`: embed the demo's."""
     import gguf
 
     from workers.demo import demo_model_dir
@@ -195,11 +197,14 @@ def make_gguf(
     writer.add_rope_freq_base(10000.0 if arch == "llama" else 1000000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     for key, value in (metadata or {}).items():
-        (writer.add_uint32 if isinstance(value, int) else writer.add_string)(key, value)
+        add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}
+        add[type(value)](key, value)
     for name, w in hf_weights(spec, vocab, rng).items():
         if arch == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
             w = llama_cpp_permute(w, spec.heads if "attn_q" in name else spec.kv_heads)
         _add_tensor(writer, name, w, (types or {}).get(name, qtype), rng)
+    for name, w in (extra or {}).items():
+        writer.add_tensor(name, w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -5,7 +5,7 @@ scale per 32 columns (what workers/device/layers/int8_linear.py holds).
 Written from the GGUF format's block layouts (ggml's `block_q8_0` etc.), computed in the
 order ggml's reference dequantizer computes (scale products in float32 first, then times the
 quantized value), so the float32 weights are those gguf-py's and transformers' loader make;
-tests/workers/gguf/test_dequant.py holds each type to gguf-py's dequantizer.
+tests/workers/gguf/test_gguf_dequant.py holds each type to gguf-py's dequantizer.
 
 Every function takes the tensor's raw bytes as a uint8 tensor of whole blocks and returns
 `rows x cols` values (`cols` is GGUF's first dimension, ne0: a row never splits a block).

@@ -99,10 +99,12 @@ class ModelConfig:
         check_quantized_tensor_parallel(self, tp_size)
 
     @staticmethod
-    def from_pretrained(path: str | Path, quant: str = "auto") -> ModelConfig:
-        """`quant`: EngineArgs.quantization (workers/quantization.py)."""
+    def from_pretrained(
+        path: str | Path, quant: str = "auto", tokenizer: str | None = None
+    ) -> ModelConfig:
+        """`quant`: EngineArgs.quantization (workers/quantization.py); `tokenizer`: its."""
         path = Path(path)
-        cfg, cfg_file = read_config(path)  # a GGUF file's metadata, or config.json
+        cfg, cfg_file = read_config(path, tokenizer)  # a GGUF file's metadata, or config.json
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -150,6 +152,7 @@ class ModelConfig:
             moe=MoeConfig.from_hf(arch, cfg, int(cfg["num_hidden_layers"])),
             gemma=gemma,
             quantization=QuantizationConfig.from_hf(arch, cfg.get("quantization_config"), quant),
+            tokenizer=tokenizer,
         )
 
 
@@ -244,9 +247,7 @@ class EngineArgs:
             from workers.demo import demo_model_dir
 
             model_path = str(demo_model_dir())
-        model = replace(
-            ModelConfig.from_pretrained(model_path, self.quantization), tokenizer=self.tokenizer
-        )
+        model = ModelConfig.from_pretrained(model_path, self.quantization, self.tokenizer)
         if self.enable_expert_parallel:
             if model.moe is None:
                 raise ValueError("enable_expert_parallel needs a mixture-of-experts model")

@@ -39,15 +39,16 @@ def settled_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def read_config(path: Path) -> tuple[dict[str, Any], Path]:
+def read_config(path: Path, tokenizer: str | None = None) -> tuple[dict[str, Any], Path]:
     """(config.json's contents, the file they came from) of model `path`: a Hugging Face
-    directory, or a GGUF file whose metadata gives them (workers/gguf/config.py)."""
+    directory, or a GGUF file whose metadata gives them (workers/gguf/config.py), which must
+    embed a tokenizer unless `tokenizer` (EngineArgs.tokenizer) names one."""
     from workers.gguf import is_gguf
 
     if is_gguf(path):
         from workers.gguf.config import gguf_config
 
-        return gguf_config(path), path
+        return gguf_config(path, needs_tokenizer=tokenizer is None), path
     if not path.is_dir():
         raise ValueError(f"model directory {str(path)!r} does not exist")
     cfg_file = path / "config.json"

@@ -27,12 +27,17 @@ ARCHITECTURES = {  # GGUF general.architecture -> the model class kvray builds
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
 }
+NO_TOKENIZER = (
+    "{path} embeds no tokenizer (no tokenizer.ggml.tokens): pass a Hugging Face tokenizer "
+    "directory with --tokenizer (EngineArgs / LLM tokenizer=...)"
+)
 # Tensor name parts of the attention and MLP projections (workers/gguf/tensors.py).
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def gguf_config(path: str | Path) -> dict[str, Any]:
-    """config.json's keys for the model in GGUF file `path`."""
+def gguf_config(path: str | Path, needs_tokenizer: bool = False) -> dict[str, Any]:
+    """config.json's keys for the model in GGUF file `path`; `needs_tokenizer`: refuse a file
+    that embeds none (no --tokenizer was given), before any worker starts."""
     reader = open_gguf(path)
     arch = field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
@@ -40,6 +45,8 @@ def gguf_config(path: str | Path) -> dict[str, Any]:
             f"{path}: unsupported GGUF architecture {arch!r}; kvray serves GGUF files of "
             f"{', '.join(ARCHITECTURES)}"
         )
+    if needs_tokenizer and field(reader, "tokenizer.ggml.tokens", None) is None:
+        raise ValueError(NO_TOKENIZER.format(path=path))
     tensors = {t.name: t for t in reader.tensors}
     _check_types(path, tensors)
 

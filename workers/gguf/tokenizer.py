@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workers.gguf.config import NO_TOKENIZER
 from workers.gguf.metadata import field, open_gguf
 
 
@@ -14,8 +15,5 @@ def gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     if field(open_gguf(path), "tokenizer.ggml.tokens", None) is None:
-        raise ValueError(
-            f"{path} embeds no tokenizer (no tokenizer.ggml.tokens): pass a Hugging Face "
-            "tokenizer directory with --tokenizer (EngineArgs / LLM tokenizer=...)"
-        )
+        raise ValueError(NO_TOKENIZER.format(path=path))
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

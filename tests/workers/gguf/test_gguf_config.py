@@ -76,7 +76,10 @@ def test_engine_args_take_a_gguf_file_and_a_tokenizer_directory(tmp_path: Path) 
     config = EngineArgs(model=str(path), tokenizer="/some/tokenizer").create_config()
     assert config.model.path == str(path) and config.model.tokenizer == "/some/tokenizer"
     assert config.served_model_name == "m.gguf"
-    assert EngineArgs(model=str(path)).create_config().model.tokenizer is None
+    with pytest.raises(ValueError, match="embeds no tokenizer.*--tokenizer"):
+        EngineArgs(model=str(path)).create_config()  # before any worker starts
+    own = make_gguf(tmp_path / "own.gguf", "qwen2", "Q4_0")
+    assert EngineArgs(model=str(own)).create_config().model.tokenizer is None
 
 
 def test_linear_rope_scaling_is_read_and_others_refused(tmp_path: Path) -> None:

@@ -222,3 +222,93 @@ def load_hf_gguf(path: Path) -> Any:
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
     return model.eval()
+
+
+# Hugging Face module names -> llama.cpp's, for `hf_to_gguf` (a converter's table, written here
+# apart from kvray's reverse one in workers/gguf/tensors.py).
+_TO_GGUF = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_LAYER_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def llama3_rope_factors(theta: float, head_dim: int, rope: dict[str, Any]) -> np.ndarray:
+    """What llama.cpp's converter writes as `rope_freqs.weight` for a `llama3` rope scaling:
+    per rotary frequency, the divisor the llama3 rule applies to it."""
+    import math
+
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def hf_to_gguf(hf_dir: Path, path: Path) -> Path:
+    """A float32 GGUF file of Hugging Face checkpoint `hf_dir` (Llama, Qwen2, Qwen3), laid out
+    as llama.cpp's converter lays it out: Llama's Q/K rows permuted, a `llama3` rope scaling as
+    `rope_freqs.weight`, the checkpoint's tokenizer embedded."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = cfg["model_type"]
+    heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
+    kv_heads, head_dim = cfg["num_key_value_heads"], cfg.get("head_dim") or hidden // heads
+    rope = cfg.get("rope_parameters") or {
+        **(cfg.get("rope_scaling") or {}),
+        "rope_theta": cfg["rope_theta"],
+    }
+    writer = gguf.GGUFWriter(str(path), arch)
+    _add_tokenizer(writer, hf_dir)
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if rope.get("rope_type", rope.get("type")) == "llama3":
+        writer.add_tensor(
+            "rope_freqs.weight", llama3_rope_factors(rope["rope_theta"], head_dim, rope)
+        )
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        tensors |= load_file(str(f))
+    for name, w in tensors.items():
+        module, suffix = name.rsplit(".", 1)
+        part = module.split(".", 3)[-1] if module.startswith("model.layers.") else None
+        if part is None:
+            gguf_name = f"{_TO_GGUF[module]}.{suffix}"
+        else:
+            gguf_name = f"blk.{module.split('.')[2]}.{_LAYER_TO_GGUF[part]}.{suffix}"
+        w = w.astype(np.float32)
+        if arch == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):
+            w = llama_cpp_permute(w, heads if part == "self_attn.q_proj" else kv_heads)
+        writer.add_tensor(gguf_name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -5,8 +5,8 @@ GGUF keys follow llama.cpp's conventions: `<arch>.embedding_length` is hidden_si
 `<arch>.attention.key_length` head_dim (default hidden / heads, as llama.cpp derives it), and
 so on. Refused at start-up, naming what: an architecture other than llama (Llama, Mistral),
 qwen2 and qwen3; mixture-of-experts files; a tensor type kvray does not read (workers/gguf/
-dequant.py FORMATS); partial rotary; RoPE scaling other than linear, and Llama 3.1-style
-`rope_freqs` factors.
+dequant.py FORMATS); partial rotary; RoPE scaling other than linear, or Llama 3.1+
+`rope_freqs` factors that do not follow llama3 scaling (workers/gguf/rope.py reads those).
 
 Quantization (`quantization_config` with quant_method "gguf", workers/quantization.py):
 projections all Q8_0 stay int8 in memory with their scale per 32 columns (W8A16,
@@ -21,6 +21,7 @@ from typing import Any
 
 from workers.gguf.dequant import FLOAT_TYPES, FORMATS, Q8_0_GROUP
 from workers.gguf.metadata import field, open_gguf, tensor_shape, type_name
+from workers.gguf.rope import llama3_from_factors
 
 ARCHITECTURES = {  # GGUF general.architecture -> the model class kvray builds
     "llama": ("LlamaForCausalLM", "llama"),
@@ -55,11 +56,6 @@ def gguf_config(path: str | Path, needs_tokenizer: bool = False) -> dict[str, An
 
     if key("expert_count", 0):
         raise ValueError(f"{path}: mixture-of-experts GGUF files are not supported yet")
-    if "rope_freqs.weight" in tensors:
-        raise ValueError(
-            f"{path}: tensor 'rope_freqs.weight' (Llama 3.1-style RoPE frequency factors) is "
-            "not supported yet"
-        )
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = int(key("attention.key_length", hidden // heads))
     rotary = key("rope.dimension_count")
@@ -89,6 +85,15 @@ def gguf_config(path: str | Path, needs_tokenizer: bool = False) -> dict[str, An
         "torch_dtype": _float_dtype(tensors),
     }
     cfg.update(_rope_scaling(path, key))
+    if "rope_freqs.weight" in tensors:  # Llama 3.1+: llama3 scaling as per-frequency factors
+        if arch != "llama" or "rope_scaling" in cfg:
+            raise ValueError(
+                f"{path}: tensor 'rope_freqs.weight' is only read in a llama file "
+                "without rope.scaling.type"
+            )
+        factors = tensors["rope_freqs.weight"].data
+        where = f"{path}: rope_freqs.weight"
+        cfg["rope_scaling"] = llama3_from_factors(factors, cfg["rope_theta"], head_dim, where)
     for which in ("bos", "eos"):
         token = field(reader, f"tokenizer.ggml.{which}_token_id", None)
         if token is not None:

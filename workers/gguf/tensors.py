@@ -49,6 +49,8 @@ _LAYER = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Read into the model config, not into a module (workers/gguf/rope.py).
+_CONFIG_ONLY = ("rope_freqs.weight",)
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
@@ -96,6 +98,8 @@ def gguf_tensors(c: ModelConfig) -> Iterator[tuple[str, Converted]]:
     heads = {"attn_q": c.num_heads, "attn_k": c.num_kv_heads}
     permuted = heads if c.architecture == "LlamaForCausalLM" else {}
     for tensor in reader.tensors:
+        if tensor.name in _CONFIG_ONLY:
+            continue
         name, part = hf_name(tensor.name)
         fmt = FORMATS.get(int(tensor.tensor_type))
         if fmt is None:

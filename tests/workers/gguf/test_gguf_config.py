@@ -113,10 +113,14 @@ def test_what_kvray_does_not_serve_is_refused_by_name(tmp_path: Path) -> None:
     moe = make_gguf(tmp_path / "moe.gguf", "llama", "F32", metadata={"llama.expert_count": 8})
     with pytest.raises(ValueError, match="mixture-of-experts GGUF files are not supported"):
         ModelConfig.from_pretrained(moe)
-    freqs = {"rope_freqs.weight": np.ones(32, dtype=np.float32)}
-    l31 = make_gguf(tmp_path / "l31.gguf", "llama", "F32", extra=freqs)
-    with pytest.raises(ValueError, match="'rope_freqs.weight' .*not supported"):
+    noise = {"rope_freqs.weight": np.linspace(1, 8, 32)[::-1].astype(np.float32)}
+    l31 = make_gguf(tmp_path / "l31.gguf", "llama", "F32", extra=noise)
+    with pytest.raises(ValueError, match="rope_freqs.weight: the RoPE frequency factors do not"):
         ModelConfig.from_pretrained(l31)
+    ones = {"rope_freqs.weight": np.ones(32, dtype=np.float32)}
+    q2 = make_gguf(tmp_path / "q2.gguf", "qwen2", "F32", extra=ones)
+    with pytest.raises(ValueError, match="'rope_freqs.weight' is only read in a llama file"):
+        ModelConfig.from_pretrained(q2)
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ValueError, match="not a readable GGUF file"):
         ModelConfig.from_pretrained(tmp_path / "junk.gguf")

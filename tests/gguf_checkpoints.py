@@ -126,6 +126,9 @@ def _add_tensor(
         writer.add_tensor(name, w)
     elif qtype == "F16":
         writer.add_tensor(name, w.astype(np.float16))
+    elif qtype == "BF16":
+        bf16 = gguf.GGMLQuantizationType.BF16
+        writer.add_tensor(name, gguf.quants.quantize(w, bf16), raw_dtype=bf16)
     elif qtype in _K_BYTES:
         qt = getattr(gguf.GGMLQuantizationType, qtype)
         writer.add_tensor(name, random_k_blocks(qtype, *w.shape, rng), raw_dtype=qt)
@@ -263,14 +266,15 @@ def llama3_rope_factors(theta: float, head_dim: int, rope: dict[str, Any]) -> np
 
 
 def hf_to_gguf(hf_dir: Path, path: Path) -> Path:
-    """A float32 GGUF file of Hugging Face checkpoint `hf_dir` (Llama, Qwen2, Qwen3), laid out
-    as llama.cpp's converter lays it out: Llama's Q/K rows permuted, a `llama3` rope scaling as
-    `rope_freqs.weight`, the checkpoint's tokenizer embedded."""
+    """A float32 GGUF file of Hugging Face checkpoint `hf_dir` (Llama, Mistral, Qwen2, Qwen3),
+    laid out as llama.cpp's converter lays it out: Llama's (and Mistral's, arch `llama`) Q/K rows
+    permuted, a `llama3` rope scaling as `rope_freqs.weight`, a linear one as
+    `rope.scaling.*`, the checkpoint's tokenizer embedded."""
     import gguf
     from safetensors.numpy import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
-    arch = cfg["model_type"]
+    arch = "llama" if cfg["model_type"] == "mistral" else cfg["model_type"]
     heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     kv_heads, head_dim = cfg["num_key_value_heads"], cfg.get("head_dim") or hidden // heads
     rope = cfg.get("rope_parameters") or {
@@ -289,7 +293,11 @@ def hf_to_gguf(hf_dir: Path, path: Path) -> Path:
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if rope.get("rope_type", rope.get("type")) == "llama3":
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if rope_type == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if rope_type == "llama3":
         writer.add_tensor(
             "rope_freqs.weight", llama3_rope_factors(rope["rope_theta"], head_dim, rope)
         )

@@ -7,6 +7,8 @@
 - dequant.py: GGML block formats (Q8_0, Q4_0, Q4_K, Q6_K) and floats into torch tensors.
 - tensors.py: GGUF tensor names to the checkpoint names the loader knows
   (workers/device/loader.py), Llama's Q/K rows un-permuted, Q8_0 kept int8 where it can.
+- rope.py: Llama 3.1+'s llama3 rope scaling read back from its per-frequency factors.
+- tokenizer.py: the tokenizer the file embeds (transformers' GGUF converter).
 """
 
 from __future__ import annotations

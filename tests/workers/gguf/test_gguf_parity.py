@@ -21,6 +21,7 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
 LENGTHS = [1, 5, 17, 40]
 # (file type, architecture): every type once, Llama's permuted Q/K under two of them.
 CASES = [("Q8_0", "llama"), ("Q4_0", "qwen2"), ("Q4_K", "llama"), ("Q6_K", "qwen3")]
+CASES += [("F16", "qwen2"), ("BF16", "llama")]  # float files: cast to float32 at load
 
 
 def _prompts() -> list[list[int]]:
@@ -40,7 +41,7 @@ def test_greedy_and_logprobs_match_transformers(qtype: str, arch: str, tmp_path:
         if qtype == "Q8_0":  # kept int8 with a scale per 32 columns
             assert config.quantization is not None and config.quantization.method == "gguf"
             assert proj.weight.dtype == torch.int8
-        else:  # dequantized into the compute dtype at load
+        else:  # dequantized (or cast) into the compute dtype at load
             assert config.quantization is None and proj.weight.dtype == torch.float32
         outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     finally:
@@ -83,3 +84,23 @@ def test_a_file_without_a_tokenizer_needs_one_named(tmp_path: Path) -> None:
         assert llm.engine.tokenizer.encode("Hello there") == out[0].prompt_token_ids
     finally:
         llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "mistral"])
+def test_a_converted_checkpoint_serves_as_the_checkpoint_does(kind: str, tmp_path: Path) -> None:
+    """A Hugging Face checkpoint converted to a float32 GGUF file as llama.cpp converts it:
+    the tokens transformers gives on the original checkpoint (Qwen3's head_dim 48 != hidden /
+    heads, read from attention.key_length; Mistral's linear rope from rope.scaling.*;
+    Mistral's Q/K permuted as a `llama` file's)."""
+    from tests.checkpoints import load_hf, make_checkpoint
+    from tests.gguf_checkpoints import hf_to_gguf
+
+    hf_dir = make_checkpoint(kind, tmp_path / "hf")
+    path = hf_to_gguf(hf_dir, tmp_path / f"{kind}.gguf")
+    prompts = _prompts()
+    llm = LLM(str(path), kv_cache_memory_bytes=16 << 20)
+    try:
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    assert_greedy_and_logprobs_match(load_hf(hf_dir), prompts, outs, MAX_TOKENS)

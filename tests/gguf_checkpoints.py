@@ -201,7 +201,10 @@ def make_gguf(
     writer.add_layer_norm_rms_eps(1e-5)
     for key, value in (metadata or {}).items():
         add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}
-        add[type(value)](key, value)
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        else:
+            add[type(value)](key, value)
     for name, w in hf_weights(spec, vocab, rng).items():
         if arch == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
             w = llama_cpp_permute(w, spec.heads if "attn_q" in name else spec.kv_heads)

@@ -28,6 +28,7 @@ ARCHITECTURES = {  # GGUF general.architecture -> the model class kvray builds
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
 }
+_REQUIRED = object()
 NO_TOKENIZER = (
     "{path} embeds no tokenizer (no tokenizer.ggml.tokens): pass a Hugging Face tokenizer "
     "directory with --tokenizer (EngineArgs / LLM tokenizer=...)"
@@ -51,14 +52,27 @@ def gguf_config(path: str | Path, needs_tokenizer: bool = False) -> dict[str, An
     tensors = {t.name: t for t in reader.tensors}
     _check_types(path, tensors)
 
-    def key(name: str, default: Any = None) -> Any:
-        return field(reader, f"{arch}.{name}", default)
+    def key(name: str, default: Any = _REQUIRED) -> Any:
+        """Metadata `<arch>.<name>`; a per-layer list must hold one value (kvray's layers
+        are all alike)."""
+        try:
+            value = field(reader, f"{arch}.{name}", *(() if default is _REQUIRED else (default,)))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        if isinstance(value, list):
+            if len(set(value)) != 1:
+                raise ValueError(f"{path}: per-layer {arch}.{name} {value} is not supported")
+            value = value[0]
+        return value
+
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"{path}: no token_embd.weight tensor")
 
     if key("expert_count", 0):
         raise ValueError(f"{path}: mixture-of-experts GGUF files are not supported yet")
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = int(key("attention.key_length", hidden // heads))
-    rotary = key("rope.dimension_count")
+    rotary = key("rope.dimension_count", None)
     if rotary is not None and int(rotary) != head_dim:
         raise ValueError(
             f"{path}: {arch}.rope.dimension_count {rotary} != head_dim {head_dim} (partial "

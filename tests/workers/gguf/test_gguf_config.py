@@ -121,6 +121,13 @@ def test_what_kvray_does_not_serve_is_refused_by_name(tmp_path: Path) -> None:
     q2 = make_gguf(tmp_path / "q2.gguf", "qwen2", "F32", extra=ones)
     with pytest.raises(ValueError, match="'rope_freqs.weight' is only read in a llama file"):
         ModelConfig.from_pretrained(q2)
+    per_layer = make_gguf(
+        tmp_path / "pl.gguf", "llama", "F32", metadata={"llama.attention.head_count_kv": [2, 1]}
+    )
+    with pytest.raises(ValueError, match=r"per-layer llama.attention.head_count_kv \[2, 1\]"):
+        ModelConfig.from_pretrained(per_layer)
+    with pytest.raises(ValueError, match="GGUF metadata has no 'llama.embedding_length'"):
+        ModelConfig.from_pretrained(_bare(tmp_path / "b.gguf", "llama"), tokenizer="/tok")
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ValueError, match="not a readable GGUF file"):
         ModelConfig.from_pretrained(tmp_path / "junk.gguf")

@@ -22,6 +22,17 @@ LENGTHS = [1, 5, 17, 40]
 # (file type, architecture): every type once, Llama's permuted Q/K under two of them.
 CASES = [("Q8_0", "llama"), ("Q4_0", "qwen2"), ("Q4_K", "llama"), ("Q6_K", "qwen3")]
 CASES += [("F16", "qwen2"), ("BF16", "llama")]  # float files: cast to float32 at load
+# llama.cpp's mixes: Q4_K_M keeps attn_v, ffn_down and the head in Q6_K; a Q8_0 file may
+# carry its embeddings in another type (the projections stay int8).
+CASES += [("Q4_K_M", "llama"), ("Q8_0+Q6_K", "qwen3")]
+_MIXES = {
+    "Q4_K_M": (
+        "Q4_K",
+        {f"blk.{i}.{p}.weight": "Q6_K" for i in (0, 1) for p in ("attn_v", "ffn_down")}
+        | {"output.weight": "Q6_K"},
+    ),
+    "Q8_0+Q6_K": ("Q8_0", {"token_embd.weight": "Q6_K"}),
+}
 
 
 def _prompts() -> list[list[int]]:
@@ -31,14 +42,15 @@ def _prompts() -> list[list[int]]:
 
 @pytest.mark.parametrize(("qtype", "arch"), CASES)
 def test_greedy_and_logprobs_match_transformers(qtype: str, arch: str, tmp_path: Path) -> None:
-    path = make_gguf(tmp_path / f"{arch}-{qtype}.gguf", arch, qtype)
+    file_type, types = _MIXES.get(qtype, (qtype, {}))
+    path = make_gguf(tmp_path / f"{arch}-{qtype}.gguf", arch, file_type, types=types)
     prompts = _prompts()
     llm = LLM(str(path), kv_cache_memory_bytes=16 << 20)
     try:
         config = llm.engine.config.model
         assert config.architecture.lower().startswith(arch)
         proj = llm.engine.executor.worker.model.layers[0].self_attn.qkv_proj
-        if qtype == "Q8_0":  # kept int8 with a scale per 32 columns
+        if file_type == "Q8_0":  # kept int8 with a scale per 32 columns
             assert config.quantization is not None and config.quantization.method == "gguf"
             assert proj.weight.dtype == torch.int8
         else:  # dequantized (or cast) into the compute dtype at load

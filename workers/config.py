@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 from workers.cache_config import DEFAULT_BLOCK_SIZE, CacheConfig
 from workers.compile_config import CompilationConfig
 from workers.gemma_config import GEMMA_ARCHITECTURES, GemmaConfig, with_gemma_defaults
-from workers.hf_config import eos_ids, settled_config
+from workers.hf_config import eos_ids, read_config, settled_config
 from workers.lora.config import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraConfig
 from workers.moe_config import MOE_ARCHITECTURES, MoeConfig
 from workers.quantization import QuantizationConfig, check_quantized_tensor_parallel
@@ -64,6 +63,7 @@ class ModelConfig:
     moe: MoeConfig | None = None  # mixture-of-experts MLPs (workers/moe_config.py)
     gemma: GemmaConfig | None = None  # Gemma 3 layers (workers/gemma_config.py)
     quantization: QuantizationConfig | None = None  # None: full precision (workers/quantization.py)
+    tokenizer: str | None = None  # where the tokenizer is read from; None: `path`
 
     def kv_heads_per_rank(self, tp_size: int) -> int:
         """KV heads split across ranks; replicated when there are more ranks than KV heads."""
@@ -99,17 +99,12 @@ class ModelConfig:
         check_quantized_tensor_parallel(self, tp_size)
 
     @staticmethod
-    def from_pretrained(path: str | Path, quant: str = "auto") -> ModelConfig:
-        """`quant`: EngineArgs.quantization (workers/quantization.py)."""
+    def from_pretrained(
+        path: str | Path, quant: str = "auto", tokenizer: str | None = None
+    ) -> ModelConfig:
+        """`quant`: EngineArgs.quantization (workers/quantization.py); `tokenizer`: its."""
         path = Path(path)
-        if not path.is_dir():
-            raise ValueError(f"model directory {str(path)!r} does not exist")
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise ValueError(f"model directory {str(path)!r} has no config.json")
-        if not list(path.glob("*.safetensors")):
-            raise ValueError(f"model directory {str(path)!r} has no *.safetensors weights")
-        cfg = json.loads(cfg_file.read_text())
+        cfg, cfg_file = read_config(path, tokenizer)  # a GGUF file's metadata, or config.json
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -157,6 +152,7 @@ class ModelConfig:
             moe=MoeConfig.from_hf(arch, cfg, int(cfg["num_hidden_layers"])),
             gemma=gemma,
             quantization=QuantizationConfig.from_hf(arch, cfg.get("quantization_config"), quant),
+            tokenizer=tokenizer,
         )
 
 
@@ -241,6 +237,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # CacheConfig.kv_cache_dtype: "auto" | "fp8"
     # Speculative decoding: vLLM's JSON (text or dict; workers/spec_decode/config.py).
     speculative_config: str | dict | None = None
+    tokenizer: str | None = None  # a tokenizer directory; None: the model's (a GGUF's own)
 
     def create_config(self) -> EngineConfig:
         from workers.device.platform import Platform
@@ -250,7 +247,7 @@ class EngineArgs:
             from workers.demo import demo_model_dir
 
             model_path = str(demo_model_dir())
-        model = ModelConfig.from_pretrained(model_path, self.quantization)
+        model = ModelConfig.from_pretrained(model_path, self.quantization, self.tokenizer)
         if self.enable_expert_parallel:
             if model.moe is None:
                 raise ValueError("enable_expert_parallel needs a mixture-of-experts model")

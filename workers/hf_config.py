@@ -39,6 +39,26 @@ def settled_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def read_config(path: Path, tokenizer: str | None = None) -> tuple[dict[str, Any], Path]:
+    """(config.json's contents, the file they came from) of model `path`: a Hugging Face
+    directory, or a GGUF file whose metadata gives them (workers/gguf/config.py), which must
+    embed a tokenizer unless `tokenizer` (EngineArgs.tokenizer) names one."""
+    from workers.gguf import is_gguf
+
+    if is_gguf(path):
+        from workers.gguf.config import gguf_config
+
+        return gguf_config(path, needs_tokenizer=tokenizer is None), path
+    if not path.is_dir():
+        raise ValueError(f"model directory {str(path)!r} does not exist")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"model directory {str(path)!r} has no config.json")
+    if not list(path.glob("*.safetensors")):
+        raise ValueError(f"model directory {str(path)!r} has no *.safetensors weights")
+    return json.loads(cfg_file.read_text()), cfg_file
+
+
 def eos_ids(path: Path, cfg: dict[str, Any]) -> tuple[int, ...]:
     """EOS ids: generation_config.json wins over config.json (that is what `generate` uses)."""
     value: Any = None

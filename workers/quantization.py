@@ -213,6 +213,11 @@ class QuantizationConfig:
                 f"the checkpoint is quantized (quantization_config.quant_method {method!r}) "
                 "and quantization is 'none'; use 'auto' to serve it"
             )
+        if method == "gguf":  # written from a GGUF file's tensor types (workers/gguf/config.py)
+            from workers.gguf.config import gguf_quantization_fields
+
+            fields = gguf_quantization_fields(raw, requested)
+            return None if fields is None else QuantizationConfig(**fields)
         if method in ("compressed-tensors", "gptq", "awq"):
             from workers.compressed_tensors import compressed_tensors_fields
             from workers.gptq_awq import awq_fields, gptq_fields

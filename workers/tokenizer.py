@@ -38,6 +38,12 @@ class Tokenizer:
     def from_pretrained(cls, path: str | Path, trust_remote_code: bool = False) -> Tokenizer:
         from transformers import AutoTokenizer
 
+        from workers.gguf import is_gguf
+
+        if is_gguf(path):  # the vocabulary, merges and chat template the file embeds
+            from workers.gguf.tokenizer import gguf_tokenizer
+
+            return cls(gguf_tokenizer(Path(path)))
         # transformers also picks up a chat_template.jinja stored beside tokenizer_config.json.
         hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         return cls(hf, _generation_eos_ids(Path(path)))

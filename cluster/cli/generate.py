@@ -1,4 +1,4 @@
-"""`kvray generate [--model DIR] PROMPT`: offline generation streamed to stdout."""
+"""`kvray generate [--model DIR|FILE.gguf] PROMPT`: offline generation streamed to stdout."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="Hugging Face checkpoint directory (default: the built-in demo model)",
+        help="Hugging Face checkpoint directory or .gguf file (default: the built-in demo model)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="Hugging Face tokenizer directory (default: the model's; a .gguf file's own)",
     )
     p.add_argument(
         "--chat",
@@ -53,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         )
         engine = LLMEngine.from_args(
             EngineArgs(
-                model=args.model, tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype
+                model=args.model,
+                tokenizer=args.tokenizer,
+                tensor_parallel_size=args.tensor_parallel_size,
+                dtype=args.dtype,
             ),
             progress=True,
         )

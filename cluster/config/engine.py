@@ -39,12 +39,19 @@ class EngineSettings:
 
     model: str | None = setting(
         None,
-        "Hugging Face checkpoint directory (default: the built-in demo model)",
+        "Hugging Face checkpoint directory or .gguf file (default: the built-in demo model)",
         MODEL_GROUP,
         kind="path",
     )
     served_model_name: str | None = setting(
         None, "model id clients send (default: the directory name)", MODEL_GROUP
+    )
+    tokenizer: str | None = setting(  # workers/tokenizer.py; a GGUF file embeds its own
+        None,
+        "Hugging Face tokenizer directory (default: the model's; a .gguf file's embedded one)",
+        MODEL_GROUP,
+        kind="path",
+        engine=True,
     )
     tensor_parallel_size: int = setting(
         1, "GPUs (or CPU ranks) per engine replica", MODEL_GROUP, aliases=("--tp",), engine=True
@@ -208,6 +215,12 @@ class EngineSettings:
             "model",
             "must be a path string or null",
             self.model,
+        )
+        need(
+            self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""),
+            "tokenizer",
+            "must be a path string or null",
+            self.tokenizer,
         )
         need(
             self.served_model_name is None

@@ -157,3 +157,9 @@ def resolve_model_dir(config: ServeConfig) -> str:
     from workers.demo import demo_model_dir
 
     return str(demo_model_dir())
+
+
+def resolve_tokenizer(config: ServeConfig) -> str:
+    """Where the ingresses read the tokenizer: `--tokenizer`, else the model (a directory, or
+    a GGUF file's embedded tokenizer: workers/tokenizer.py)."""
+    return config.engine.tokenizer or resolve_model_dir(config)

@@ -128,7 +128,7 @@ class GrpcIngress:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
 
-        from cluster.config import resolve_model_dir
+        from cluster.config import resolve_tokenizer
         from cluster.grpc_api.servicer import LLMServicer
         from cluster.grpc_api.tracing import trace_interceptors
         from cluster.ingress.limits import RequestLimits
@@ -145,7 +145,7 @@ class GrpcIngress:
         self._settings = settings
         host, port = await _listen_address(settings)
         spans = route_spans(config, GRPC_INGRESS_NAME)  # tracing; None: off
-        tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, resolve_model_dir(config))
+        tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, resolve_tokenizer(config))
         self._servicer = LLMServicer(
             llm,
             tokenizer,

@@ -29,7 +29,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.config import ServeConfig, resolve_model_dir
+from cluster.config import ServeConfig, resolve_model_dir, resolve_tokenizer
 from cluster.errors import (
     DrainingError,
     InvalidRequestError,
@@ -86,7 +86,7 @@ class OpenAIIngress:
         self.config = config
         self.llm = llm
         self.model = config.engine.model_name()
-        tokenizer = Tokenizer.from_pretrained(resolve_model_dir(config))
+        tokenizer = Tokenizer.from_pretrained(resolve_tokenizer(config))
         self.prompts = Prompts(tokenizer)
         # What /v1/embeddings' `dimensions` must equal (cluster/ingress/embeddings.py).
         self.embedding_size = hidden_size(resolve_model_dir(config))

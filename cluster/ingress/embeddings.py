@@ -124,9 +124,15 @@ def check_dimensions(dimensions: int | None, size: int | None, field: str = "dim
 
 
 def hidden_size(model_dir: str | Path) -> int | None:
-    """The checkpoint's hidden size (config.json), which every embedding has; None if the
-    directory does not say."""
+    """The checkpoint's hidden size (config.json, or a GGUF file's metadata), which every
+    embedding has; None if the checkpoint does not say."""
+    from workers.gguf import is_gguf
+
     try:
+        if is_gguf(model_dir):  # the metadata's embedding_length (workers/gguf/config.py)
+            from workers.gguf.config import gguf_config
+
+            return int(gguf_config(model_dir)["hidden_size"])
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         # Multimodal checkpoints keep the language model's config under text_config.
         value = cfg.get("hidden_size", (cfg.get("text_config") or {}).get("hidden_size"))

@@ -51,7 +51,7 @@ class LLMEngine:
     ) -> None:
         from workers.tokenizer import Tokenizer
 
-        self.tokenizer = Tokenizer.from_pretrained(config.model.path)
+        self.tokenizer = Tokenizer.from_pretrained(config.model.tokenizer or config.model.path)
         self.executor = executor or create_executor(config, progress=progress)
         # Only now is the KV cache sized: max_model_len must fit it (see fit_to_kv_cache).
         kv_cache_tokens = self.executor.num_blocks * config.cache.block_size

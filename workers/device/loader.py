@@ -28,6 +28,7 @@ from workers.device.layers.fp8_linear import FP8_DTYPE, blocks
 from workers.device.layers.int8_linear import INT8_DTYPE
 from workers.device.layers.moe import SparseMoeBlock
 from workers.device.models.llama import LlamaForCausalLM
+from workers.gguf import gguf_tensors, is_gguf
 from workers.quantization import FP8_BLOCK
 
 log = logging.getLogger(__name__)
@@ -372,9 +373,8 @@ def load_weights(
     model: LlamaForCausalLM, c: ModelConfig, tp: TPGroup, progress: bool = False
 ) -> None:
     targets = _targets(model, c, tp)
-    files = checkpoint_files(Path(c.path))
-    seen: set[str] = set()
-    items = _tensors(files)
+    seen: set[str] = set()  # items: a GGUF file's tensors renamed, converted (workers/gguf/)
+    items = gguf_tensors(c) if is_gguf(c.path) else _tensors(checkpoint_files(Path(c.path)))
     if progress:
         from tqdm import tqdm
 

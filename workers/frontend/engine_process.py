@@ -94,7 +94,7 @@ class EngineProcess:
             self._send(StartEngine(config))
             # While the child loads the model. The parent tokenizes nothing for the engine;
             # callers use the tokenizer for prompts, chat templates and /tokenize.
-            self.tokenizer = Tokenizer.from_pretrained(config.model.path)
+            self.tokenizer = Tokenizer.from_pretrained(config.model.tokenizer or config.model.path)
             msg = self._conn.recv()  # blocks until the child is ready (or gone)
         except (EOFError, OSError):
             msg = EngineFatal(f"engine process exited with code {self._proc.wait()}")

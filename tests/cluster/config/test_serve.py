@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.config import ServeConfig
+from cluster.config import ServeConfig, resolve_tokenizer
 from cluster.config.setting import Setting
 from workers.config import DEFAULT_BLOCK_SIZE
 
@@ -81,3 +81,11 @@ def test_args_round_trip() -> None:
     args = c.to_args()
     assert "max_model_len" not in args  # None fields are left out
     assert ServeConfig.from_args(args) == c
+
+
+def test_the_ingresses_read_the_tokenizer_named_else_the_model() -> None:
+    gguf = ServeConfig.from_flat(model="/m/x.gguf")
+    assert resolve_tokenizer(gguf) == "/m/x.gguf"  # the file's own tokenizer
+    named = ServeConfig.from_flat(model="/m/x.gguf", tokenizer="/tok")
+    assert resolve_tokenizer(named) == "/tok"
+    assert named.engine_kwargs("/m/x.gguf")["tokenizer"] == "/tok"

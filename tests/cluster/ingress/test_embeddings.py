@@ -171,6 +171,14 @@ def test_hidden_size_from_the_checkpoint(demo_dir: Path, tmp_path: Path) -> None
     assert embeddings.hidden_size(tmp_path) == 8
 
 
+def test_hidden_size_of_a_gguf_file(tmp_path: Path) -> None:
+    from tests.gguf_checkpoints import make_gguf
+
+    assert embeddings.hidden_size(make_gguf(tmp_path / "m.gguf", "qwen3", "Q8_0")) == 256
+    (tmp_path / "junk.gguf").write_bytes(b"junk")
+    assert embeddings.hidden_size(tmp_path / "junk.gguf") is None
+
+
 def test_answers_read_the_vector_and_token_count() -> None:
     done = CompletionOutput(0, finish_reason="stop")
     out = RequestOutput("r", None, [1, 2, 3], [done], finished=True, embedding=[0.5, 0.5])

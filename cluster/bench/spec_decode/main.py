@@ -1,7 +1,8 @@
 """`kvray bench spec-decode`: output tokens/s with speculative decoding off, at a fixed draft
 length and adaptive, side by side in one run, per batch size and workload.
 
-Three engines of the same checkpoint (one per mode, built once, warmed up), the same prompts:
+Three engines of the same checkpoint (one per mode, built once, warmed up, the modes taking
+turns per measurement), the same prompts:
 
 - `repeat`: greedy decoding. A random-weight checkpoint (`--model random:...`, std 0.02 like a
   fresh initialisation) falls into repeating runs, where prompt lookup finds its drafts: the
@@ -71,21 +72,28 @@ def run(args: argparse.Namespace) -> int:
         "adaptive": {"method": "ngram", "num_speculative_tokens": k},
     }
     rows: list[Row] = []
-    bar = tqdm(total=len(MODES) * len(workloads) * len(sizes), desc="bench spec-decode")
-    for mode in MODES:
-        llm = LLM(
+    # All three engines at once, the modes interleaved per measurement: a machine that drifts
+    # (another process, frequency) then moves every mode alike.
+    llms = {
+        mode: LLM(
             model,
             kv_cache_memory_bytes=1 << 30,
             max_num_seqs=max(sizes),
             speculative_config=configs[mode],
         )
-        try:
+        for mode in MODES
+    }
+    bar = tqdm(total=len(MODES) * len(workloads) * len(sizes), desc="bench spec-decode")
+    try:
+        for llm in llms.values():
             llm.generate(prompts[:4], _params("repeat", 16), use_tqdm=False)  # warm-up
-            for workload in workloads:
-                for b in sizes:
+        for workload in workloads:
+            for b in sizes:
+                for mode, llm in llms.items():
                     rows.append(_measure(llm, prompts[:b], workload, b, mode, args.max_tokens))
                     bar.update()
-        finally:
+    finally:
+        for llm in llms.values():
             llm.engine.shutdown()
     bar.close()
     print(table(rows))

@@ -152,3 +152,29 @@ def test_streamed_deltas_carry_every_token_of_a_verifying_step_in_order(
             sizes.append(len(out.outputs[0].token_ids))
     assert tokens == ref[0].outputs[0].token_ids and text == ref[0].outputs[0].text
     assert max(sizes) > 1  # some step brought several tokens
+
+
+@pytest.mark.parametrize("cut", [1, 7, 13])
+def test_a_sample_resumed_mid_stream_continues_token_exact(
+    spec: LLM, plain: LLM, cut: int
+) -> None:
+    """Migration: the outputs an engine streamed (wherever a verifying step left them) resume
+    on another engine that speculates, and the sample goes on as it would have (seeded)."""
+    import dataclasses
+
+    from workers.inputs import ResumedSample
+
+    params = SamplingParams(max_tokens=30, temperature=1.0, seed=5, ignore_eos=True)
+    ref, _, _, _ = _with_oracle(spec, plain, PROMPTS[:1], params)
+    whole = ref[0].outputs[0].token_ids
+    eng = spec.engine
+    inp = eng.input_checker.check_prompt(PROMPTS[0], params, eng.tokenizer)
+    earlier = tuple(whole[:cut])
+    inp = dataclasses.replace(inp, resume=(ResumedSample(0, earlier, text_sent=0),))
+    before = spec.stats().spec_decode_accepted_tokens
+    eng.add_request(f"resumed-{cut}", inp)
+    seq = eng.requests[f"resumed-{cut}"].seqs[0]
+    while eng.has_unfinished():
+        eng.step()
+    assert seq.output_token_ids == whole
+    assert spec.stats().spec_decode_accepted_tokens > before

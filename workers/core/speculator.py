@@ -26,6 +26,7 @@ would depend on the draft: they decode one token at a time, in the same batches)
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,6 +34,8 @@ from workers.core.request import Seq, SeqStatus
 from workers.spec_decode.adaptive import SeqAcceptance, StepCost, draft_length
 from workers.spec_decode.config import SpeculativeConfig
 from workers.spec_decode.ngram import NgramIndex
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Speculator:
         self.config = config
         self.max_model_len = max_model_len
         self.proposer = proposer or NgramProposer(config)
+        log.info("speculative decoding: %s", config.describe())
         self.cost = StepCost()
         # vLLM's meanings: drafts = (sequence, step) pairs that carried a draft.
         self.num_drafts = 0

@@ -16,54 +16,40 @@ off). The int4 checkpoint is written once beside the random model (`<dir>-w4a16`
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 from pathlib import Path
-from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING
 
-from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
-from cluster.bench.step.main import StepSettings, _int_list, measure
+from cluster.bench.step.quantized import quantized_checkpoint, run_decode_comparison
+
+if TYPE_CHECKING:
+    import torch
 
 GROUP = 128
 
 
-def int4_checkpoint(src: Path) -> Path:
-    """`src` with every decoder projection packed int4, scale = amax / 7.5 per group (the
-    compressed-tensors package's symmetric 4-bit range, -8..7)."""
+def _int4_per_group(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """scale = amax / 7.5 per group (the compressed-tensors package's symmetric 4-bit range,
+    -8..7), packed eight to an int32."""
     import torch
-    from safetensors.torch import load_file, save_file
 
     from workers.device.layers.int4_linear import pack_int4
 
-    out = src.with_name(src.name + "-w4a16")
-    if (out / "model.safetensors").is_file():
-        return out
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors*"))
-    tensors: dict[str, torch.Tensor] = {}
-    for f in sorted(src.glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
-    packed: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        if not (name.endswith("_proj.weight") and ".layers." in name):
-            packed[name] = t
-            continue
-        rows, cols = t.shape
-        g = t.float().reshape(rows, cols // GROUP, GROUP)
-        amax = g.abs().amax(-1, keepdim=True)
-        scale = torch.where(amax > 0, amax / 7.5, torch.ones_like(amax))
-        q = torch.round(g / scale).clamp(-8, 7).reshape(rows, cols) + 8
-        prefix = name.removesuffix("weight")
-        packed[prefix + "weight_packed"] = pack_int4(q.to(torch.uint8))
-        packed[prefix + "weight_scale"] = scale.squeeze(-1).contiguous()
-        packed[prefix + "weight_shape"] = torch.tensor([rows, cols])
-    save_file(packed, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((tmp / "config.json").read_text())
+    rows, cols = t.shape
+    g = t.float().reshape(rows, cols // GROUP, GROUP)
+    amax = g.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 7.5, torch.ones_like(amax))
+    q = torch.round(g / scale).clamp(-8, 7).reshape(rows, cols) + 8
+    return {
+        "weight_packed": pack_int4(q.to(torch.uint8)),
+        "weight_scale": scale.squeeze(-1).contiguous(),
+        "weight_shape": torch.tensor([rows, cols]),
+    }
+
+
+def int4_checkpoint(src: Path) -> Path:
+    """`src` with every decoder projection packed int4, a scale per group of 128 columns."""
     weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
-    config["quantization_config"] = {
+    config = {
         "quant_method": "compressed-tensors",
         "format": "pack-quantized",
         "config_groups": {
@@ -71,54 +57,12 @@ def int4_checkpoint(src: Path) -> Path:
         },
         "ignore": ["lm_head"],
     }
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tmp.rename(out)
-    return out
+    return quantized_checkpoint(src, "w4a16", _int4_per_group, config)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cluster.bench.step.w4a16", description=__doc__)
-    add_model_argument(p)
-    p.add_argument("--dtype", default="bfloat16", help="compute dtype (default bfloat16)")
-    p.add_argument("--batch-sizes", type=_int_list, default=(1, 32))
-    p.add_argument("--context", type=int, default=128, help="prompt tokens per sequence (128)")
-    p.add_argument("--steps", type=int, default=20, help="timed decode steps per batch (20)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--result-json", default=None, metavar="FILE")
-    args = p.parse_args(argv)
-    base = bench_model_dir(args.model)
-    runs = {
-        args.dtype: (base, True),
-        "int4 (fast path)": (int4_checkpoint(base), True),
-        "int4 (reference)": (int4_checkpoint(base), False),
-    }
-    results: dict[str, Any] = {}
-    for label, (model, kernels) in runs.items():
-        settings = StepSettings(
-            model=str(model),
-            batch_sizes=tuple(args.batch_sizes),
-            context=args.context,
-            prefill_tokens=32,  # `measure` times a prefill too: kept small, not reported
-            prefill_steps=1,
-            steps=args.steps,
-            warmup=args.warmup,
-            dtype=args.dtype,
-            device="cpu",
-            cpu_kernels=kernels,
-        )
-        rows = [r for r in measure(settings)["rows"] if r.case == "decode"]
-        results[label] = {r.batch: r.batch * 1000 / median(r.step_ms) for r in rows}
-    first = next(iter(results.values()))
-    print(f"\ndecode tokens/s, {base.name}, {args.dtype} compute, context {args.context}")
-    print(f"{'':<20}" + "".join(f"{f'B={b}':>16}" for b in args.batch_sizes))
-    for label, per in results.items():
-        cells = "".join(f"{per[b]:>9.1f} ({per[b] / first[b]:.2f}x)" for b in args.batch_sizes)
-        print(f"{label:<20}{cells}")
-    if args.result_json:
-        from cluster.bench.common.result import write_result_json
-
-        write_result_json(args.result_json, {"model": str(base), "decode_tokens_per_s": results})
-    return 0
+    prog = "python -m cluster.bench.step.w4a16"
+    return run_decode_comparison(prog, __doc__, "int4", int4_checkpoint, argv)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,12 @@ class LLMEngine:
         self.moe_expert_tokens: tuple[tuple[int, ...], ...] = ()  # EngineStats' field
         self.expert_tokens_step = 0  # num_steps when an idle engine last asked for them
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
-        spec = config.speculative  # speculative decoding (workers/core/speculator.py)
-        self.speculator = None if spec is None else Speculator(spec, self.max_model_len)
+        try:  # speculative decoding (workers/core/speculator.py); None: off
+            self.speculator = Speculator.for_engine(config)
+        except Exception:
+            if executor is None:
+                self.executor.shutdown()  # ours: no ranks or memory left behind
+            raise
         self.requests: dict[str, Request] = {}
         self.seqs: dict[str, Seq] = {}
         self._removed: list[str] = []  # sequences the workers must forget next step
@@ -390,4 +394,6 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.structured.compiler.shutdown()
+        if self.speculator is not None:
+            self.speculator.shutdown()
         self.executor.shutdown()

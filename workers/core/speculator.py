@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from workers.config import EngineConfig
 from workers.core.request import Seq, SeqStatus
 from workers.spec_decode.adaptive import SeqAcceptance, StepCost, draft_length
 from workers.spec_decode.config import SpeculativeConfig
@@ -81,6 +82,7 @@ class Speculator:
         c = self.config
         step_tokens = max(len(running), 1)  # a plain step: about a token per sequence
         threshold = self.cost.threshold(step_tokens, step_tokens) if c.adaptive else 0.0
+        asks: list[tuple[Seq, SeqSpeculation, int]] = []
         for seq in running:
             seq.draft = []
             if not _speculates(seq):
@@ -90,7 +92,14 @@ class Speculator:
                 spec = seq.spec = SeqSpeculation()
             limit = min(c.num_speculative_tokens, self._room(seq))
             k = draft_length(spec.acceptance, limit, threshold) if c.adaptive else limit
-            seq.draft = self.proposer.propose(seq, spec, k)[:k] if k > 0 else []
+            if k > 0:
+                asks.append((seq, spec, k))
+            else:
+                spec.acceptance.steps_without += 1
+        batch = getattr(self.proposer, "propose_batch", None)
+        drafts = batch(asks) if batch else [self.proposer.propose(*ask) for ask in asks]
+        for (seq, spec, k), draft in zip(asks, drafts, strict=True):
+            seq.draft = draft[:k]
             if seq.draft:
                 spec.acceptance.steps_without = 0
             else:
@@ -118,6 +127,24 @@ class Speculator:
         if seq.spec is not None:
             seq.spec.acceptance.record(len(draft), a)
         return sampled[: a + 1]
+
+    @staticmethod
+    def for_engine(config: EngineConfig) -> Speculator | None:
+        """The engine's speculator (None: speculation off), its proposer built here."""
+        spec = config.speculative
+        if spec is None:
+            return None
+        proposer: Proposer | None = None
+        if spec.method == "draft_model":
+            from workers.spec_decode.draft_model import DraftModelProposer
+
+            proposer = DraftModelProposer(spec, config)
+        return Speculator(spec, config.scheduler.max_model_len, proposer)
+
+    def shutdown(self) -> None:
+        stop = getattr(self.proposer, "shutdown", None)
+        if stop is not None:
+            stop()
 
     def record_step(self, tokens: int, seconds: float) -> None:
         """A step of decodes and verifying chunks only: a prompt's tokens cost less each (one

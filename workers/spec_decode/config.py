@@ -3,11 +3,14 @@
     {"method": "ngram", "num_speculative_tokens": 4,
      "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": true}
 
+    {"method": "draft_model", "model": "/ckpt/small", "num_speculative_tokens": 4}
+
 `method`: "ngram" (prompt lookup: the tokens that followed the latest earlier occurrence of the
-context's last n tokens, n from prompt_lookup_max down to prompt_lookup_min). `adaptive` (kvray's
-key, default true): each sequence's draft length follows its measured acceptance and the step's
-measured cost per token (workers/spec_decode/adaptive.py); false proposes up to
-num_speculative_tokens whenever a match is found.
+context's last n tokens, n from prompt_lookup_max down to prompt_lookup_min) or "draft_model"
+(`model`: a smaller checkpoint with the target's vocabulary, which proposes greedily:
+workers/spec_decode/draft_model.py). `adaptive` (kvray's key, default true): each sequence's
+draft length follows its measured acceptance and the step's measured cost per token
+(workers/spec_decode/adaptive.py); false proposes up to num_speculative_tokens every step.
 """
 
 from __future__ import annotations
@@ -16,10 +19,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # What vLLM's shape also names, not served by kvray yet: refused by name, not ignored.
-_NOT_YET = ("draft_model", "eagle", "eagle3", "suffix", "medusa", "mtp")
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "adaptive")
+_NOT_YET = ("eagle", "eagle3", "suffix", "medusa", "mtp")
+_KEYS = (
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "adaptive",
+    "model",
+)
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -30,6 +40,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     adaptive: bool = True
+    model: str | None = None  # draft_model: the draft checkpoint's directory
 
     @staticmethod
     def parse(value: str | dict[str, Any] | None) -> SpeculativeConfig | None:
@@ -76,14 +87,21 @@ class SpeculativeConfig:
         adaptive = raw.get("adaptive", True)
         if not isinstance(adaptive, bool):
             raise ValueError(f"speculative_config.adaptive must be true or false, got {adaptive!r}")
-        return SpeculativeConfig(method, k, lo, hi, adaptive)
+        model = raw.get("model")
+        if method == "draft_model" and not (isinstance(model, str) and model):
+            raise ValueError("speculative_config.model: draft_model needs the draft checkpoint")
+        if method != "draft_model" and model is not None:
+            raise ValueError(f"speculative_config.model is for draft_model, not {method!r}")
+        return SpeculativeConfig(method, k, lo, hi, adaptive, model)
 
     def describe(self) -> str:
         mode = "adaptive" if self.adaptive else "fixed"
-        return (
-            f"{self.method} (up to {self.num_speculative_tokens} tokens, {mode}, "
-            f"n-grams of {self.prompt_lookup_min}..{self.prompt_lookup_max})"
+        what = (
+            f"draft {self.model}"
+            if self.method == "draft_model"
+            else f"n-grams of {self.prompt_lookup_min}..{self.prompt_lookup_max}"
         )
+        return f"{self.method} (up to {self.num_speculative_tokens} tokens, {mode}, {what})"
 
 
 def _int_in(v: object, lo: int, hi: int) -> bool:

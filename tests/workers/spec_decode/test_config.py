@@ -29,7 +29,7 @@ def test_vllms_shape_is_read_with_defaults() -> None:
         ('{"num_speculative_tokens": true}', "num_speculative_tokens"),
         ('{"num_speculative_tokens": 2, "prompt_lookup_min": 5}', "exceeds prompt_lookup_max"),
         ('{"num_speculative_tokens": 2, "prompt_lookup_max": 0}', "prompt_lookup_max"),
-        ('{"num_speculative_tokens": 2, "model": "x"}', "unknown key 'model'"),
+        ('{"num_speculative_tokens": 2, "draft": "x"}', "unknown key 'draft'"),
         ('{"num_speculative_tokens": 2, "adaptive": "yes"}', "adaptive"),
     ],
 )
@@ -45,3 +45,15 @@ def test_the_serve_setting_is_checked_before_anything_starts() -> None:
         EngineSettings(speculative_config='{"method": "ngram"}')
     ok = EngineSettings(speculative_config='{"num_speculative_tokens": 2}')
     assert ok.engine_args()["speculative_config"] == '{"num_speculative_tokens": 2}'
+
+
+def test_a_draft_model_needs_its_checkpoint_and_only_it_takes_one() -> None:
+    c = SpeculativeConfig.parse(
+        {"method": "draft_model", "model": "/ckpt/small", "num_speculative_tokens": 3}
+    )
+    assert (c.method, c.model) == ("draft_model", "/ckpt/small")
+    assert "draft /ckpt/small" in c.describe()
+    with pytest.raises(ValueError, match="needs the draft checkpoint"):
+        SpeculativeConfig.parse({"method": "draft_model", "num_speculative_tokens": 3})
+    with pytest.raises(ValueError, match="model is for draft_model"):
+        SpeculativeConfig.parse({"model": "/x", "num_speculative_tokens": 3})

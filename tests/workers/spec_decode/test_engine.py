@@ -155,9 +155,7 @@ def test_streamed_deltas_carry_every_token_of_a_verifying_step_in_order(
 
 
 @pytest.mark.parametrize("cut", [1, 7, 13])
-def test_a_sample_resumed_mid_stream_continues_token_exact(
-    spec: LLM, plain: LLM, cut: int
-) -> None:
+def test_a_sample_resumed_mid_stream_continues_token_exact(spec: LLM, plain: LLM, cut: int) -> None:
     """Migration: the outputs an engine streamed (wherever a verifying step left them) resume
     on another engine that speculates, and the sample goes on as it would have (seeded)."""
     import dataclasses
@@ -178,3 +176,40 @@ def test_a_sample_resumed_mid_stream_continues_token_exact(
         eng.step()
     assert seq.output_token_ids == whole
     assert spec.stats().spec_decode_accepted_tokens > before
+
+
+def test_a_draft_model_proposes_and_the_output_stays_the_targets(tmp_path: Path) -> None:
+    """A checkpoint drafts for a target of the same vocabulary (here the same checkpoint, so
+    that acceptance is known): outputs identical, greedy and seeded."""
+    from cluster.bench.common.random_model import random_model_dir
+
+    target = str(random_model_dir("qwen3-tiny", "float32", cache_root=tmp_path / "t"))
+    prompts = [[5, 9, 13, 5, 9, 13, 5, 9], [100, 200, 300, 400], [7] * 12]
+    config = {"method": "draft_model", "model": target, "num_speculative_tokens": 3}
+    plain = LLM(target, kv_cache_memory_bytes=16 << 20)
+    spec = LLM(target, kv_cache_memory_bytes=16 << 20, speculative_config=config)
+    try:
+        for params in (
+            SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+            SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True),
+        ):
+            ref = plain.generate(prompts, params, use_tqdm=False)
+            out = spec.generate(prompts, params, use_tqdm=False)
+            assert [o.outputs[0].token_ids for o in out] == [r.outputs[0].token_ids for r in ref]
+            if params.temperature == 0.0:
+                # The draft is the target itself here: its greedy drafts are the target's.
+                st = spec.stats()
+                assert st.spec_decode_accepted_tokens >= 0.9 * st.spec_decode_draft_tokens > 0
+        assert spec.stats().kv_blocks_used == 0
+    finally:
+        plain.engine.shutdown()
+        spec.engine.shutdown()
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(demo_dir: Path, tmp_path: Path) -> None:
+    from cluster.bench.common.random_model import random_model_dir
+
+    other = str(random_model_dir("qwen3-tiny", "float32", cache_root=tmp_path))
+    config = {"method": "draft_model", "model": other, "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(demo_dir), kv_cache_memory_bytes=16 << 20, speculative_config=config)

@@ -1,8 +1,9 @@
 """`kvray bench spec-decode`: output tokens/s with speculative decoding off, at a fixed draft
 length and adaptive, side by side in one run, per batch size and workload.
 
-Three engines of the same checkpoint (one per mode, built once, warmed up, the modes taking
-turns per measurement), the same prompts:
+One engine of the same checkpoint per mode (off; prompt lookup with a fixed draft length;
+prompt lookup adaptive; with --draft-model, a draft model, adaptive), built once and warmed
+up, the modes taking turns per measurement, the same prompts:
 
 - `repeat`: greedy decoding. A random-weight checkpoint (`--model random:...`, std 0.02 like a
   fresh initialisation) falls into repeating runs, where prompt lookup finds its drafts: the
@@ -28,7 +29,6 @@ from typing import Any
 from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
 from cluster.bench.common.result import write_result_json
 
-MODES = ("off", "fixed", "adaptive")
 WORKLOADS = ("repeat", "open")
 
 
@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-tokens", type=int, default=128, help="output tokens per sequence (default 128)")
     a("--prompt-len", type=int, default=32, help="random prompt tokens (default 32)")
     a("--workloads", default=",".join(WORKLOADS), help="repeat,open (default both)")
+    a(
+        "--draft-model",
+        default=None,
+        help="also a draft-model mode (adaptive): a checkpoint directory or random:NAME with the "
+        "model's vocabulary (e.g. random:qwen3-tiny for random:qwen3-100m)",
+    )
     a("--json", default=None, help="also write the rows to this file")
 
 
@@ -71,8 +77,11 @@ def run(args: argparse.Namespace) -> int:
         "fixed": {"method": "ngram", "num_speculative_tokens": k, "adaptive": False},
         "adaptive": {"method": "ngram", "num_speculative_tokens": k},
     }
+    if args.draft_model:
+        draft = str(bench_model_dir(args.draft_model))
+        configs["draft"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
     rows: list[Row] = []
-    # All three engines at once, the modes interleaved per measurement: a machine that drifts
+    # Every mode's engine at once, the modes interleaved per measurement: a machine that drifts
     # (another process, frequency) then moves every mode alike.
     llms = {
         mode: LLM(
@@ -81,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=max(sizes),
             speculative_config=configs[mode],
         )
-        for mode in MODES
+        for mode in configs
     }
-    bar = tqdm(total=len(MODES) * len(workloads) * len(sizes), desc="bench spec-decode")
+    bar = tqdm(total=len(configs) * len(workloads) * len(sizes), desc="bench spec-decode")
     try:
         for llm in llms.values():
             llm.generate(prompts[:4], _params("repeat", 16), use_tqdm=False)  # warm-up
@@ -131,20 +140,24 @@ def _measure(llm: Any, prompts: list, workload: str, b: int, mode: str, max_toke
 
 
 def table(rows: list[Row]) -> str:
-    """One line per (workload, batch): each mode's tok/s, the others' ratio to off."""
-    lines = [
-        "| workload | batch | off tok/s | fixed tok/s | fixed × | adaptive tok/s | adaptive × "
-        "| acceptance (fixed) | tokens per draft (fixed) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    """One line per (workload, batch): off's tok/s, then each mode's tok/s, its ratio to off,
+    its draft tokens' acceptance and tokens per verifying step."""
+    modes = list(dict.fromkeys(r.mode for r in rows if r.mode != "off"))
+    head = "| workload | batch | off tok/s |" + "".join(
+        f" {m} tok/s | {m} × | {m} acceptance | {m} tokens/draft |" for m in modes
+    )
+    lines = [head, "|" + " --- |" * (3 + 4 * len(modes))]
     by = {(r.workload, r.batch, r.mode): r for r in rows}
     for workload, batch in dict.fromkeys((r.workload, r.batch) for r in rows):
-        off, fixed, adaptive = (by[(workload, batch, m)] for m in MODES)
-        acc = "—" if fixed.acceptance is None else f"{fixed.acceptance:.0%}"
-        per = "—" if fixed.per_draft is None else f"{fixed.per_draft:.2f}"
-        lines.append(
-            f"| {workload} | {batch} | {off.tokens_per_s:,.0f} | {fixed.tokens_per_s:,.0f} | "
-            f"{fixed.tokens_per_s / off.tokens_per_s:.2f} | {adaptive.tokens_per_s:,.0f} | "
-            f"{adaptive.tokens_per_s / off.tokens_per_s:.2f} | {acc} | {per} |"
-        )
+        off = by[(workload, batch, "off")]
+        cells = [workload, str(batch), f"{off.tokens_per_s:,.0f}"]
+        for m in modes:
+            r = by[(workload, batch, m)]
+            cells += [
+                f"{r.tokens_per_s:,.0f}",
+                f"{r.tokens_per_s / off.tokens_per_s:.2f}",
+                "—" if r.acceptance is None else f"{r.acceptance:.0%}",
+                "—" if r.per_draft is None else f"{r.per_draft:.2f}",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

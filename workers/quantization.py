@@ -65,6 +65,10 @@ class QuantizationConfig:
     zero_point: bool = False
     layout: str = "compressed-tensors"
     act_order: bool = False
+    # int4 only: a float32 offset per row and group added to the weight (`weight_offset`,
+    # w = (q - zero) * scale + offset, zeros 0): GGUF's Q4_K, whose -dmin * min a uint8 zero
+    # point cannot hold exactly (workers/gguf/int4.py).
+    offset: bool = False
 
     @property
     def row_block(self) -> int | None:
@@ -91,6 +95,7 @@ class QuantizationConfig:
             per = "channel" if self.strategy == "channel" else f"group of {self.col_block} columns"
             bits = self.weights.removeprefix("int")
             zeros = " with zero points" if self.zero_point else ""
+            zeros = " with float offsets" if self.offset else zeros
             order = ", activation order" if self.act_order else ""
             return (
                 f"{self.method} (W{bits}A16: {self.weights} weights scaled per {per}{zeros}"

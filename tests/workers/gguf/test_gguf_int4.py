@@ -1,0 +1,56 @@
+"""GGUF's Q4_0 and Q4_K held 4-bit (workers/gguf/int4.py): the int4 layer's float32 reference
+dequantization (workers/device/layers/int4_linear.py) of what they become reproduces gguf-py's
+dequantizer bit for bit, on random blocks with random (signed, finite) float16 scales; Q4_0
+both with its symmetric zero point and with float offsets (a file that also has Q4_K)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from tests.workers.gguf.test_gguf_dequant import _random_blocks
+from workers.device.layers.int4_linear import SYMMETRIC_ZERO, dequantize_int4, unpack_int4
+from workers.gguf.dequant import FORMATS
+from workers.gguf.int4 import int4_tensors
+
+_FMT = {f.name: f for f in FORMATS.values()}
+
+
+@pytest.mark.parametrize(("name", "offset"), [("Q4_0", False), ("Q4_0", True), ("Q4_K", True)])
+def test_int4_form_dequantizes_as_gguf_py_does(name: str, offset: bool) -> None:
+    rng = np.random.default_rng(3)
+    rows, cols = 8, 2 * 256
+    fmt = _FMT[name]
+    blocks = _random_blocks(name, rows * cols // fmt.block, rng)
+    want = gguf.quants.dequantize(
+        blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, name)
+    )
+    raw = torch.from_numpy(blocks.reshape(-1).copy())
+    t = int4_tensors(raw, fmt, rows, cols, offset=offset)
+    assert t["weight_packed"].dtype == torch.int32 and t["weight_packed"].shape == (rows, cols // 8)
+    assert t["weight_scale"].shape == (rows, cols // 32) and t["weight_shape"].tolist() == [
+        rows,
+        cols,
+    ]
+    assert ("weight_offset" in t) == offset
+    zero = torch.full((rows, cols // 32), 0 if offset else SYMMETRIC_ZERO, dtype=torch.uint8)
+    got = dequantize_int4(
+        t["weight_packed"],
+        t["weight_scale"],
+        zero,
+        cols,
+        torch.float32,
+        offset=t.get("weight_offset"),
+    )
+    assert np.array_equal(got.numpy(), want)  # bit for bit
+    assert int(unpack_int4(t["weight_packed"], cols).max()) <= 15
+
+
+def test_q4_k_without_offsets_is_refused() -> None:
+    raw = torch.zeros(144, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="Q4_K, which needs float offsets"):
+        int4_tensors(raw, _FMT["Q4_K"], 1, 256, offset=False)
+    with pytest.raises(ValueError, match="stored as Q6_K, expected one of Q4_0, Q4_K"):
+        int4_tensors(torch.zeros(210, dtype=torch.uint8), _FMT["Q6_K"], 1, 256, offset=True)

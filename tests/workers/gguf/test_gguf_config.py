@@ -149,3 +149,17 @@ def test_what_kvray_does_not_serve_is_refused_by_name(tmp_path: Path) -> None:
         ModelConfig.from_pretrained(tmp_path / "junk.gguf")
     with pytest.raises(ValueError, match="does not exist"):
         ModelConfig.from_pretrained(tmp_path / "missing.gguf")
+
+
+def test_tensor_parallel_never_cuts_a_q4_group_of_32_columns(tmp_path: Path) -> None:
+    import dataclasses
+
+    from workers.quantization import check_quantized_tensor_parallel
+
+    c = ModelConfig.from_pretrained(make_gguf(tmp_path / "q4k.gguf", "llama", "Q4_K"))
+    check_quantized_tensor_parallel(c, 2)  # 512 / 2: whole groups
+    # 576 = 18 groups: two ranks get 9 each, four would get 4.5.
+    wide = dataclasses.replace(c, intermediate_size=576)
+    check_quantized_tensor_parallel(wide, 2)
+    with pytest.raises(ValueError, match=r"shards of 144, which cut its weight scale groups of 32"):
+        check_quantized_tensor_parallel(wide, 4)

@@ -54,3 +54,37 @@ def test_q4_k_without_offsets_is_refused() -> None:
         int4_tensors(raw, _FMT["Q4_K"], 1, 256, offset=False)
     with pytest.raises(ValueError, match="stored as Q6_K, expected one of Q4_0, Q4_K"):
         int4_tensors(torch.zeros(210, dtype=torch.uint8), _FMT["Q6_K"], 1, 256, offset=True)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_the_bfloat16_fast_path_over_gguf_blocks_is_gguf_py_product_up_to_rounding(
+    name: str,
+) -> None:
+    from tests.gguf_checkpoints import random_k_blocks
+    from workers.device.distributed import TPGroup
+    from workers.device.layers.int4_linear import Int4ColumnParallelLinear
+    from workers.quantization import QuantizationConfig
+
+    rng = np.random.default_rng(4)
+    rows, cols = 64, 512
+    qt = getattr(gguf.GGMLQuantizationType, name)
+    if name == "Q4_K":  # gguf-py cannot quantize K-quants: random blocks centred on zero
+        blocks = random_k_blocks(name, rows, cols, rng)
+    else:
+        blocks = gguf.quants.quantize(rng.normal(0, 0.02, (rows, cols)).astype(np.float32), qt)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks, qt))
+    quant = QuantizationConfig(
+        method="gguf", strategy="group", weights="int4", weight_block_size=(1, 32), offset=True
+    )
+    layer = Int4ColumnParallelLinear(cols, [rows], False, TPGroup(), torch.bfloat16, quant)
+    raw = torch.from_numpy(np.ascontiguousarray(blocks).reshape(-1).copy())
+    for key, t in int4_tensors(raw, _FMT[name], rows, cols, offset=True).items():
+        if key != "weight_shape":
+            getattr(layer, key).data.copy_(t)
+    assert torch.equal(layer.dequantized(torch.float32), want)
+    layer.fast_path = True
+    x = torch.randn(4, cols, dtype=torch.bfloat16)
+    assert layer.uses_fast_path(torch.bfloat16, 4)
+    exact = x.float() @ want.t()
+    err = (layer(x).float() - exact).abs().max().item()
+    assert err <= 1e-2 * exact.abs().max().item()

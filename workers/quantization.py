@@ -13,7 +13,9 @@ per group of input columns, activations unquantized, kept int8 in memory
 in memory with a scale (and, asymmetric, a zero point) per output channel or group
 (workers/device/layers/int4_linear.py): compressed-tensors' pack-quantized format, GPTQ
 (`quant_method: "gptq"`, v1 packing, desc_act or not) and AWQ GEMM (`quant_method: "awq"`),
-the last two read by workers/gptq_awq.py.
+the last two read by workers/gptq_awq.py. GGUF files (quant_method "gguf", written by
+workers/gguf/config.py): Q8_0 projections as int8 W8A16, Q4_0 / Q4_K ones as int4 W4A16 (Q4_K
+with a float offset per group, `offset`).
 
 `quantization`: "auto" serves what config.json says; "fp8" asks for FP8 and refuses any other
 checkpoint (an int8 or int4 one too); "none" refuses a quantized checkpoint (nothing is
@@ -65,6 +67,10 @@ class QuantizationConfig:
     zero_point: bool = False
     layout: str = "compressed-tensors"
     act_order: bool = False
+    # int4 only: a float32 offset per row and group added to the weight (`weight_offset`,
+    # w = (q - zero) * scale + offset, zeros 0): GGUF's Q4_K, whose -dmin * min a uint8 zero
+    # point cannot hold exactly (workers/gguf/int4.py).
+    offset: bool = False
 
     @property
     def row_block(self) -> int | None:
@@ -91,6 +97,7 @@ class QuantizationConfig:
             per = "channel" if self.strategy == "channel" else f"group of {self.col_block} columns"
             bits = self.weights.removeprefix("int")
             zeros = " with zero points" if self.zero_point else ""
+            zeros = " with float offsets" if self.offset else zeros
             order = ", activation order" if self.act_order else ""
             return (
                 f"{self.method} (W{bits}A16: {self.weights} weights scaled per {per}{zeros}"

@@ -11,8 +11,9 @@ and refuses a tensor-parallel shard that would cut a packed word or a scale grou
 compressed-tensors' pack-quantized layout (the layer's own): `weight_packed` int32
 [out, in / 8] (rows or words sliced), `weight_scale` [out, groups], `weight_shape` [2]
 (checked, not stored), `weight_zero_point` int32 [out / 8, groups] packed along the rows
-(unpacked at load into the layer's uint8 zeros). GPTQ and AWQ: workers/device/
-gptq_awq_targets.py.
+(unpacked at load into the layer's uint8 zeros); kvray's own `weight_offset` float32
+[out, groups] (GGUF Q4_K, workers/gguf/int4.py: no compressed-tensors checkpoint has it).
+GPTQ and AWQ: workers/device/gptq_awq_targets.py.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def int4_targets(
             check=_shape_is(full_rows, full_cols),
         ),
     }
+    if module.quant.offset:  # GGUF Q4_K's float offsets, sliced as the scales are
+        out[f"{name}.weight_offset"] = Int4Target(
+            module.weight_offset, (full_rows, groups), (torch.float32,), s_read, offset
+        )
     if module.quant.zero_point:
         out[f"{name}.weight_zero_point"] = Int4Target(
             module.weight_zero,

@@ -5,8 +5,11 @@
 - config.py: the architecture's metadata as the config.json kvray reads (workers/config.py),
   and which quantization the weights take in memory.
 - dequant.py: GGML block formats (Q8_0, Q4_0, Q4_K, Q6_K) and floats into torch tensors.
+- int4.py: Q4_0 and Q4_K projections as the int4 W4A16 layer's packed words, scales and (Q4_K)
+  float offsets, kept 4-bit.
 - tensors.py: GGUF tensor names to the checkpoint names the loader knows
-  (workers/device/loader.py), Llama's Q/K rows un-permuted, Q8_0 kept int8 where it can.
+  (workers/device/loader.py), Llama's Q/K rows un-permuted, Q8_0 kept int8 and Q4_0 / Q4_K
+  4-bit where they can.
 - rope.py: Llama 3.1+'s llama3 rope scaling read back from its per-frequency factors.
 - tokenizer.py: the tokenizer the file embeds (transformers' GGUF converter).
 """

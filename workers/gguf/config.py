@@ -10,8 +10,12 @@ dequant.py FORMATS); partial rotary; RoPE scaling other than linear, or Llama 3.
 
 Quantization (`quantization_config` with quant_method "gguf", workers/quantization.py):
 projections all Q8_0 stay int8 in memory with their scale per 32 columns (W8A16,
-workers/device/layers/int8_linear.py); any other quantized file is dequantized into the compute
-dtype at load (no int4 or K-quant kernels yet), and a float-only file is full precision.
+workers/device/layers/int8_linear.py); projections all Q4_0 or Q4_K stay 4-bit, packed eight to
+an int32 with a scale (and, with any Q4_K, a float offset) per 32 columns (W4A16,
+workers/device/layers/int4_linear.py, workers/gguf/int4.py). The decision is per file: the
+model builds one kind of projection layer, so a file that mixes types among its projections
+(llama.cpp's Q4_K_M, whose Q6_K attn_v and ffn_down have no layer) is dequantized into the
+compute dtype at load, as Q6_K files are; a float-only file is full precision.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.gguf.dequant import FLOAT_TYPES, FORMATS, Q8_0_GROUP
+from workers.gguf.dequant import FLOAT_TYPES, FORMATS, INT4_GROUP, INT4_TYPES, Q8_0_GROUP
 from workers.gguf.metadata import field, open_gguf, tensor_shape, type_name
 from workers.gguf.rope import llama3_from_factors
 
@@ -158,19 +162,34 @@ def _quantization(tensors: dict[str, Any]) -> dict[str, Any] | None:
     }
     if not types - set(FLOAT_TYPES):
         return None
-    weights = "int8" if types == {"Q8_0"} else "dequantized"
+    if types == {"Q8_0"}:
+        weights = "int8"
+    elif types <= set(INT4_TYPES):
+        weights = "int4"
+    else:
+        weights = "dequantized"
     return {"quant_method": "gguf", "types": sorted(types), "weights": weights}
 
 
 def gguf_quantization_fields(raw: dict[str, Any], requested: str) -> dict[str, Any] | None:
     """QuantizationConfig's fields for a GGUF file's projections (workers/quantization.py):
-    int8 W8A16 for Q8_0, None (compute dtype, dequantized at load) for the others.
+    int8 W8A16 for Q8_0, int4 W4A16 for Q4_0 / Q4_K (float offsets with any Q4_K), None
+    (compute dtype, dequantized at load) for the others.
     `requested` "none" is refused by the caller; "fp8" here."""
     if requested == "fp8":
         raise ValueError(
             f"quantization 'fp8' needs an FP8 checkpoint, and this GGUF file's projections are "
             f"{', '.join(raw.get('types', []))}; use 'auto' to serve it"
         )
+    if raw.get("weights") == "int4":
+        return {
+            "method": "gguf",
+            "weight_block_size": (1, INT4_GROUP),
+            "strategy": "group",
+            "scale_name": "weight_scale",
+            "weights": "int4",
+            "offset": "Q4_K" in raw.get("types", ()),
+        }
     if raw.get("weights") != "int8":
         return None
     return {

@@ -39,6 +39,9 @@ FORMATS: dict[int, BlockFormat] = {
 }
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 Q8_0_GROUP = 32  # columns per Q8_0 scale
+# The types held 4-bit in the int4 layer (workers/gguf/int4.py), a scale per 32 columns.
+INT4_TYPES = ("Q4_0", "Q4_K")
+INT4_GROUP = 32
 
 
 def _half(b: torch.Tensor) -> torch.Tensor:
@@ -59,7 +62,9 @@ def _q4_0(b: torch.Tensor) -> torch.Tensor:
     return _half(b[:, :2]) * q.float()
 
 
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
+def q4_k_parts(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K blocks [n, 144] -> q uint8 [n, 8, 32] (0..15), d * scale_j and dmin * min_j
+    float32 [n, 8, 1] (workers/gguf/int4.py keeps them apart)."""
     # A super-block of 8 sub-blocks of 32: w = d * scale_j * q - dmin * min_j, with 6-bit
     # scale_j and min_j packed into 12 bytes (sub-blocks 0-3 in the low 6 bits of bytes 0-3 and
     # 4-7; 4-7 in the nibbles of bytes 8-11 plus the top 2 bits of bytes 0-3 and 4-7).
@@ -70,10 +75,13 @@ def _q4_k(b: torch.Tensor) -> torch.Tensor:
     mins = torch.cat([lo_m & 63, (packed >> 4) | ((lo_m >> 6) << 4)], dim=1)
     # 128 bytes in 4 runs of 32: run i holds sub-block 2i in its low nibbles, 2i + 1 in its high.
     qs = b[:, 16:].reshape(n, 4, 1, 32)
-    q = torch.cat([qs & 0xF, qs >> 4], dim=2).reshape(n, 8, 32).float()
-    ds = (d * scale.float()).unsqueeze(-1)
-    dm = (dmin * mins.float()).unsqueeze(-1)
-    return (ds * q - dm).reshape(n, 256)
+    q = torch.cat([qs & 0xF, qs >> 4], dim=2).reshape(n, 8, 32)
+    return q, (d * scale.float()).unsqueeze(-1), (dmin * mins.float()).unsqueeze(-1)
+
+
+def _q4_k(b: torch.Tensor) -> torch.Tensor:
+    q, ds, dm = q4_k_parts(b)
+    return (ds * q.float() - dm).reshape(b.shape[0], 256)
 
 
 _Q6_K_SHIFTS = (0, 2, 4, 6)

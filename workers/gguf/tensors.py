@@ -8,8 +8,10 @@
   in Hugging Face's order, as transformers' GGUF loader does, by head count (the KV heads' for
   K). Qwen2 and Qwen3 files are stored in Hugging Face's order.
 - Values: a Q8_0 projection of a model whose quantization is int8 (workers/gguf/config.py)
-  becomes int8 plus `weight_scale` [rows, cols / 32]; every other tensor is dequantized
-  (workers/gguf/dequant.py) and the loader casts it to the parameter's dtype.
+  becomes int8 plus `weight_scale` [rows, cols / 32]; a Q4_0 / Q4_K one of an int4 model the
+  int4 layer's `weight_packed`, `weight_scale`, `weight_shape` (and `weight_offset`;
+  workers/gguf/int4.py); every other tensor is dequantized (workers/gguf/dequant.py) and the
+  loader casts it to the parameter's dtype.
 
 Each tensor is handed over behind the same lazy-slice interface as safetensors' (`get_shape`,
 indexing), so the loader's tensor-parallel slicing and checks apply unchanged.
@@ -26,6 +28,7 @@ import torch
 
 from workers.gguf.config import PROJECTIONS
 from workers.gguf.dequant import FORMATS, dequantize, q8_0_int8
+from workers.gguf.int4 import int4_tensors
 from workers.gguf.metadata import open_gguf, tensor_shape, type_name
 
 if TYPE_CHECKING:
@@ -93,7 +96,9 @@ def _raw(tensor: Any) -> torch.Tensor:
 def gguf_tensors(c: ModelConfig) -> Iterator[tuple[str, Converted]]:
     """(checkpoint name, tensor) for every tensor of GGUF file `c.path`, in file order."""
     reader = open_gguf(c.path)
-    int8 = c.quantization is not None and c.quantization.weights == "int8"
+    quant = c.quantization
+    int8 = quant is not None and quant.weights == "int8"
+    int4 = quant is not None and quant.weights == "int4"
     # Heads whose rows llama.cpp permuted, by GGUF module part (Llama files only).
     heads = {"attn_q": c.num_heads, "attn_k": c.num_kv_heads}
     permuted = heads if c.architecture == "LlamaForCausalLM" else {}
@@ -107,6 +112,15 @@ def gguf_tensors(c: ModelConfig) -> Iterator[tuple[str, Converted]]:
                 f"{tensor.name}: GGUF type {type_name(int(tensor.tensor_type))} is not supported"
             )
         shape = tensor_shape(tensor)
+        if int4 and part in PROJECTIONS and name.endswith(".weight"):
+            assert quant is not None
+            parts = int4_tensors(_raw(tensor), fmt, *shape, offset=quant.offset)
+            stem = name.removesuffix("weight")
+            for key, t in parts.items():
+                if part in permuted and key != "weight_shape":  # rows, whatever they hold
+                    t = unpermute(t, heads[part])
+                yield stem + key, Converted(t)
+            continue
         if int8 and part in PROJECTIONS and name.endswith(".weight"):
             if fmt.name != "Q8_0":
                 raise ValueError(f"{tensor.name}: stored as {fmt.name}, expected Q8_0")

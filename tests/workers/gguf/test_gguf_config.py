@@ -43,13 +43,26 @@ def test_the_model_config_is_transformers_reading_of_the_file(arch: str, tmp_pat
     assert c.path == str(path)
 
 
-def test_q8_0_projections_stay_int8_and_other_types_are_dequantized(tmp_path: Path) -> None:
+def test_q8_0_stays_int8_q4_0_and_q4_k_int4_and_other_types_are_dequantized(tmp_path: Path) -> None:
     q8 = ModelConfig.from_pretrained(make_gguf(tmp_path / "q8.gguf", "llama", "Q8_0"))
     assert q8.quantization is not None
     assert (q8.quantization.weights, q8.quantization.strategy) == ("int8", "group")
     assert (q8.quantization.row_block, q8.quantization.col_block) == (1, 32)
     assert q8.quantization.describe().startswith("gguf (W8A16: int8 weights scaled per group")
-    for qtype in ("Q4_0", "Q4_K", "Q6_K", "F32"):
+    for qtype, offset in (("Q4_0", False), ("Q4_K", True)):  # kept 4-bit, groups of 32
+        c = ModelConfig.from_pretrained(make_gguf(tmp_path / f"{qtype}.gguf", "llama", qtype))
+        quant = c.quantization
+        assert quant is not None and (quant.weights, quant.col_block) == ("int4", 32), qtype
+        assert (quant.zero_point, quant.offset) == (False, offset)
+    # Q4_0 with Q4_K: both 4-bit, Q4_0 with offsets too.
+    both = make_gguf(tmp_path / "q40k.gguf", "llama", "Q4_K", types={"blk.0.attn_q.weight": "Q4_0"})
+    quant = ModelConfig.from_pretrained(both).quantization
+    assert quant is not None and (quant.weights, quant.offset) == ("int4", True)
+    assert quant.describe() == (
+        "gguf (W4A16: int4 weights scaled per group of 32 columns with float offsets, "
+        "unquantized activations)"
+    )
+    for qtype in ("Q6_K", "F32"):
         c = ModelConfig.from_pretrained(make_gguf(tmp_path / f"{qtype}.gguf", "llama", qtype))
         assert c.quantization is None and c.checkpoint_dtype == "float32", qtype
     f16 = ModelConfig.from_pretrained(make_gguf(tmp_path / "f16.gguf", "qwen2", "F16"))
@@ -59,6 +72,9 @@ def test_q8_0_projections_stay_int8_and_other_types_are_dequantized(tmp_path: Pa
         tmp_path / "mixed.gguf", "llama", "Q8_0", types={"blk.1.ffn_down.weight": "Q6_K"}
     )
     assert ModelConfig.from_pretrained(mixed).quantization is None
+    # Q4_K_M: its Q6_K attn_v has no int4 layer, so every projection is dequantized.
+    q4_k_m = make_gguf(tmp_path / "km.gguf", "llama", "Q4_K", types={"blk.0.attn_v.weight": "Q6_K"})
+    assert ModelConfig.from_pretrained(q4_k_m).quantization is None
 
 
 def test_quantization_setting_applies_to_gguf_files(tmp_path: Path) -> None:
@@ -133,3 +149,17 @@ def test_what_kvray_does_not_serve_is_refused_by_name(tmp_path: Path) -> None:
         ModelConfig.from_pretrained(tmp_path / "junk.gguf")
     with pytest.raises(ValueError, match="does not exist"):
         ModelConfig.from_pretrained(tmp_path / "missing.gguf")
+
+
+def test_tensor_parallel_never_cuts_a_q4_group_of_32_columns(tmp_path: Path) -> None:
+    import dataclasses
+
+    from workers.quantization import check_quantized_tensor_parallel
+
+    c = ModelConfig.from_pretrained(make_gguf(tmp_path / "q4k.gguf", "llama", "Q4_K"))
+    check_quantized_tensor_parallel(c, 2)  # 512 / 2: whole groups
+    # 576 = 18 groups: two ranks get 9 each, four would get 4.5.
+    wide = dataclasses.replace(c, intermediate_size=576)
+    check_quantized_tensor_parallel(wide, 2)
+    with pytest.raises(ValueError, match=r"shards of 144, which cut its weight scale groups of 32"):
+        check_quantized_tensor_parallel(wide, 4)

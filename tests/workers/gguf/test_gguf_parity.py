@@ -2,7 +2,8 @@
 transformers' own loading of the same file (gguf-py dequantizes it there; kvray dequantizes with
 its own code, workers/gguf/dequant.py), for each of Q8_0, Q4_0, Q4_K and Q6_K over Llama (its
 Q/K rows permuted in the file), Qwen2 (biases) and Qwen3 (q/k norms, tied embeddings). Q8_0
-projections stay int8 in memory; the tokenizer comes from the file, or from --tokenizer."""
+projections stay int8 in memory, Q4_0 and Q4_K ones 4-bit (int4 W4A16, Q4_K with float
+offsets); the tokenizer comes from the file, or from --tokenizer."""
 
 from __future__ import annotations
 
@@ -49,10 +50,18 @@ def test_greedy_and_logprobs_match_transformers(qtype: str, arch: str, tmp_path:
     try:
         config = llm.engine.config.model
         assert config.architecture.lower().startswith(arch)
-        proj = llm.engine.executor.worker.model.layers[0].self_attn.qkv_proj
+        layer = llm.engine.executor.worker.model.layers[0]
+        proj = layer.self_attn.qkv_proj
+        quant = config.quantization
         if file_type == "Q8_0":  # kept int8 with a scale per 32 columns
-            assert config.quantization is not None and config.quantization.method == "gguf"
+            assert quant is not None and quant.method == "gguf"
             assert proj.weight.dtype == torch.int8
+        elif qtype in ("Q4_0", "Q4_K"):  # kept 4-bit: eight values an int32, a scale per 32
+            assert quant is not None and (quant.method, quant.weights) == ("gguf", "int4")
+            for p in (proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                assert p.weight_packed.dtype == torch.int32 and not hasattr(p, "weight")
+                assert (p.weight_offset is not None) == (qtype == "Q4_K")
+                assert p.weight_scale.shape[1] * 32 == p.in_features
         else:  # dequantized (or cast) into the compute dtype at load
             assert config.quantization is None and proj.weight.dtype == torch.float32
         outs = llm.generate(prompts, GREEDY, use_tqdm=False)

@@ -53,6 +53,8 @@ def _loaded(path: Path, tp: TPGroup) -> torch.nn.Module:
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:
+    if hasattr(module, "weight_packed"):  # int4: the layer's own float32 reference weights
+        return module.dequantized(torch.float32)
     if module.weight.dtype == torch.int8:
         return dequantize_int8(module.weight, module.weight_scale, torch.float32)
     return module.weight.data
@@ -87,17 +89,27 @@ def test_every_weight_is_transformers_weight(arch: str, qtype: str, tmp_path: Pa
         assert torch.equal(
             mine.post_attention_layernorm.weight, ref.post_attention_layernorm.weight
         )
-        int8 = a.qkv_proj.weight.dtype == torch.int8
-        assert int8 == (qtype == "Q8_0")
+        held = _held(a.qkv_proj)
+        assert held == {"Q8_0": torch.int8, "Q4_K": torch.int32, "Q4_0": torch.int32}.get(
+            qtype, torch.float32
+        )
 
 
-def test_each_rank_holds_its_slice_of_q8_0_weights_and_scales(tmp_path: Path) -> None:
-    path = make_gguf(tmp_path / "llama.gguf", "llama", "Q8_0")
+def _held(module: torch.nn.Module) -> torch.dtype:
+    """The dtype a projection's weights are held in (int32: packed int4)."""
+    return module.weight_packed.dtype if hasattr(module, "weight_packed") else module.weight.dtype
+
+
+@pytest.mark.parametrize(("qtype", "held"), [("Q8_0", torch.int8), ("Q4_K", torch.int32)])
+def test_each_rank_holds_its_slice_of_quantized_weights_and_scales(
+    qtype: str, held: torch.dtype, tmp_path: Path
+) -> None:
+    path = make_gguf(tmp_path / "llama.gguf", "llama", qtype)
     whole = _loaded(path, TPGroup())
     for rank in range(2):
         part = _loaded(path, TPGroup(rank=rank, size=2))
         for full, mine in zip(whole.layers, part.layers, strict=True):
-            assert mine.self_attn.qkv_proj.weight.dtype == torch.int8
+            assert _held(mine.self_attn.qkv_proj) == _held(mine.mlp.down_proj) == held
             qkv = _weight(full.self_attn.qkv_proj).split([256, 128, 128])
             want = torch.cat([w.chunk(2)[rank] for w in qkv])
             assert torch.equal(_weight(mine.self_attn.qkv_proj), want)

@@ -6,7 +6,10 @@ In memory, whatever the checkpoint: `weight_packed` int32 [out, in / 8], eight 4
 `q` in 0..15 per word along the input, lowest bits first (compressed-tensors' own layout: half
 a byte per weight, a quarter of bfloat16); `weight_scale` float32 [out, groups]; `weight_zero`
 uint8 [out, groups], the `q` that means 0 (8 for symmetric weights); for GPTQ's activation
-order, `g_idx` int32 [in], each input column's group. The weight is (q - zero) * scale.
+order, `g_idx` int32 [in], each input column's group. The weight is (q - zero) * scale; with
+`quant.offset` (GGUF's Q4_K, workers/gguf/int4.py) also `weight_offset` float32 [out, groups]
+and zeros 0: (q - zero) * scale + offset, the float offset -dmin * min that no uint8 zero point
+holds exactly.
 
 Two forwards:
 - reference, any device: unpack, dequantize into the input's dtype ((q - zero) as an integer,
@@ -16,7 +19,8 @@ Two forwards:
 - fast, on CPU with a bfloat16 input of at most FAST_MAX_ROWS rows (decode steps):
   `torch._weight_int4pack_mm_for_cpu`, torch's 4-bit GEMM, over a copy of the weight in its
   own packed layout (`_convert_weight_to_int4pack_for_cpu`, made once when the fast path is
-  turned on) with scales and zeros folded into its (scale, scale * (8 - zero)) pairs. Measured
+  turned on) with scales, zeros and offsets folded into its (scale, scale * (8 - zero) +
+  offset) pairs: it computes (q - 8) * scale + zero, its "zero" a float. Measured
   on a 2-vCPU AMD EPYC, torch 2.13 CPU, 1 thread, a 4096x768 projection: 157 us at 1 row
   against 438 us for a bfloat16 matmul (2.8x) and ~4 ms to dequantize-then-multiply; it runs
   row by row, so it loses to a bfloat16 matmul from ~16 rows and to the reference from ~48.
@@ -83,18 +87,22 @@ def dequantize_int4(
     columns: int,
     dtype: torch.dtype,
     g_idx: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(q - zero) * scale in `dtype`, [N, columns]: groups of columns / groups contiguous
-    columns each (one group: per channel), or column k in group `g_idx[k]`."""
+    """(q - zero) * scale (+ offset) in `dtype`, [N, columns]: groups of columns / groups
+    contiguous columns each (one group: per channel), or column k in group `g_idx[k]`."""
     # Small integers are exact in every float dtype: (q - zero) is, and the product with the
     # scale rounds once, as transformers' (x_q - zero_point) * scale does.
     q = unpack_int4(packed, columns).to(dtype)
     if g_idx is not None:
         idx = g_idx.long()
-        return (q - zero.index_select(-1, idx).to(dtype)) * scale.index_select(-1, idx).to(dtype)
+        w = (q - zero.index_select(-1, idx).to(dtype)) * scale.index_select(-1, idx).to(dtype)
+        return w if offset is None else w + offset.index_select(-1, idx).to(dtype)
     groups = scale.shape[-1]
     q = q.unflatten(-1, (groups, columns // groups))
     w = (q - zero.to(dtype).unsqueeze(-1)) * scale.to(dtype).unsqueeze(-1)
+    if offset is not None:  # GGUF Q4_K: d*sc*q - dmin*m, a product then a sum as ggml rounds
+        w = w + offset.to(dtype).unsqueeze(-1)
     return w.flatten(-2)
 
 
@@ -125,8 +133,14 @@ class _Int4Linear(nn.Module):
         words = -(-in_features // PACK)
         self.weight_packed = nn.Parameter(torch.empty(out, words, dtype=torch.int32), False)
         self.weight_scale = nn.Parameter(torch.empty(out, groups, dtype=torch.float32), False)
-        zero = torch.full((out, groups), SYMMETRIC_ZERO, dtype=torch.uint8)
+        # With float offsets the zeros are 0: the offset carries the whole shift.
+        zero = torch.full((out, groups), 0 if quant.offset else SYMMETRIC_ZERO, dtype=torch.uint8)
         self.weight_zero = nn.Parameter(zero, False)
+        self.weight_offset = (
+            nn.Parameter(torch.zeros(out, groups, dtype=torch.float32), False)
+            if quant.offset
+            else None
+        )
         self.g_idx = (
             nn.Parameter(torch.zeros(in_features, dtype=torch.int32), False)
             if quant.act_order
@@ -179,8 +193,12 @@ class _Int4Linear(nn.Module):
         repeat = groups // self.weight_scale.shape[1]  # > 1: per-channel scales
         scale = self.weight_scale.repeat_interleave(repeat, dim=1)
         zero = self.weight_zero.to(torch.float32).repeat_interleave(repeat, dim=1)
-        # The kernel computes (q - 8) * scale + offset: offset = (8 - zero) * scale.
-        pairs = torch.stack((scale, (SYMMETRIC_ZERO - zero) * scale), dim=-1)
+        # The kernel computes (q - 8) * scale + z with a float z: z = (8 - zero) * scale (+ the
+        # float offset), rounded to bfloat16 like the scale.
+        z = (SYMMETRIC_ZERO - zero) * scale
+        if self.weight_offset is not None:
+            z = z + self.weight_offset.repeat_interleave(repeat, dim=1)
+        pairs = torch.stack((scale, z), dim=-1)
         return weight, group, pairs.transpose(0, 1).to(self.dtype).contiguous()
 
     def uses_fast_path(self, dtype: torch.dtype, rows: int) -> bool:
@@ -201,6 +219,7 @@ class _Int4Linear(nn.Module):
             self.in_features,
             dtype,
             self.g_idx,
+            self.weight_offset,
         )
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -72,7 +72,7 @@ class LLMEngine:
         self.expert_tokens_step = 0  # num_steps when an idle engine last asked for them
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.lora_slots)
         try:  # speculative decoding (workers/core/speculator.py); None: off
-            self.speculator = Speculator.for_engine(config)
+            self.speculator = Speculator.for_engine(config, LLMEngine)
         except Exception:
             if executor is None:
                 self.executor.shutdown()  # ours: no ranks or memory left behind

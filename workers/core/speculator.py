@@ -27,6 +27,7 @@ would depend on the draft: they decode one token at a time, in the same batches)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,8 +130,9 @@ class Speculator:
         return sampled[: a + 1]
 
     @staticmethod
-    def for_engine(config: EngineConfig) -> Speculator | None:
-        """The engine's speculator (None: speculation off), its proposer built here."""
+    def for_engine(config: EngineConfig, make_engine: Callable[..., Any]) -> Speculator | None:
+        """The engine's speculator (None: speculation off), its proposer built here (a draft
+        model's engine by `make_engine`, the engine class)."""
         spec = config.speculative
         if spec is None:
             return None
@@ -138,7 +140,7 @@ class Speculator:
         if spec.method == "draft_model":
             from workers.spec_decode.draft_model import DraftModelProposer
 
-            proposer = DraftModelProposer(spec, config)
+            proposer = DraftModelProposer(spec, config, make_engine)
         return Speculator(spec, config.scheduler.max_model_len, proposer)
 
     def shutdown(self) -> None:

@@ -15,6 +15,7 @@ target's verification (workers/core/speculator.py) keeps its outputs exact.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from workers.outputs import RequestOutputKind
@@ -32,9 +33,12 @@ DRAFT_KV_CACHE_BYTES = 256 << 20
 
 
 class DraftModelProposer:
-    def __init__(self, config: SpeculativeConfig, target: EngineConfig) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, target: EngineConfig, make_engine: Callable[..., Any]
+    ) -> None:
+        """`make_engine`: the engine class (workers.core.engine.LLMEngine), passed in by the
+        target's engine rather than imported here: no import cycle."""
         from workers.config import EngineArgs
-        from workers.core.engine import LLMEngine
 
         args = EngineArgs(
             model=config.model,
@@ -45,7 +49,7 @@ class DraftModelProposer:
             seed=target.seed,
             cpu_kernels=target.cpu_kernels,
         )
-        self.engine = LLMEngine(args.create_config())
+        self.engine = make_engine(args.create_config())
         draft, ours = self.engine.config.model.vocab_size, target.model.vocab_size
         if draft != ours:
             self.engine.shutdown()

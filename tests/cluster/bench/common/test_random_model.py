@@ -42,5 +42,5 @@ def test_a_moe_preset_loads_in_kvray_and_transformers(tmp_path: Path, monkeypatc
 
 
 def test_an_unknown_preset_lists_every_preset() -> None:
-    with pytest.raises(ValueError, match="qwen3-0.6b, qwen3-moe-tiny"):
+    with pytest.raises(ValueError, match="qwen3-0.6b, qwen3-tiny, qwen3-moe-tiny"):
         random_model.random_model_dir("nope")

@@ -25,10 +25,10 @@ collection hook below runs them first, in this order, after every test that need
 - tests/workers/test_tensor_parallel.py needs no Serve: its CPU-heavy gloo ranks run before
   the shared apps' replicas are up beside them.
 
-A few self-contained Ray modules (LOCAL_RAY: their own apps and gRPC ports, nothing of
-`kvray_app`, nothing cluster-wide) run in the local part instead, after its other tests, on a
-Ray instance of that process's own (its `ray_session`, started when the first of them runs):
-the Ray part is the longer of the two, and these balance them.
+A few self-contained Ray modules (LOCAL_RAY: their own apps, nothing of `kvray_app`, nothing
+cluster-wide) run in the local part instead, after its other tests, on a Ray instance of that
+process's own (its `ray_session`, started when the first of them runs): the Ray part is the
+longer of the two, and these balance them.
 """
 
 from __future__ import annotations
@@ -71,14 +71,16 @@ OWN_RAY = (
     "tests/cluster/bench/kv_tier/test_main.py::test_every_arm_runs_and_matches",
 )
 # Modules that use `ray_session` but run in the local part, last, on its own Ray instance
-# (see the module docstring): none uses `kvray_app` (the local part would deploy it again) or
-# Serve's gRPC port, or reads cluster-wide sums. In one process (--part all) they run among
-# the other Ray tests.
+# (see the module docstring): none uses `kvray_app` (the local part would deploy it again),
+# reads cluster-wide sums or counts processes of the whole machine; their apps, one at a time,
+# have that instance's Serve gRPC port to themselves. In one process (--part all) they run
+# among the other Ray tests.
 LOCAL_RAY = (
     "tests/cluster/controller/test_autoscaling_live.py",
     "tests/cluster/test_unhappy_paths.py",
     "tests/cluster/bench/chaos/test_main.py",
     "tests/cluster/bench/fault/test_main.py",
+    "tests/cluster/test_pd.py",
 )
 PARTS = ("all", "local", "ray")
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.

@@ -24,6 +24,11 @@ collection hook below runs them first, in this order, after every test that need
   the port through SO_REUSEPORT and answer half of its calls. Lifecycle stops the app: last.
 - tests/workers/test_tensor_parallel.py needs no Serve: its CPU-heavy gloo ranks run before
   the shared apps' replicas are up beside them.
+
+A few self-contained Ray modules (LOCAL_RAY: their own apps, nothing of `kvray_app`, nothing
+cluster-wide) run in the local part instead, after its other tests, on a Ray instance of that
+process's own (its `ray_session`, started when the first of them runs): the Ray part is the
+longer of the two, and these balance them.
 """
 
 from __future__ import annotations
@@ -65,6 +70,18 @@ OWN_RAY = (
     "test_without_a_url_it_starts_kvray_answers_and_leaves_nothing_running",
     "tests/cluster/bench/kv_tier/test_main.py::test_every_arm_runs_and_matches",
 )
+# Modules that use `ray_session` but run in the local part, last, on its own Ray instance
+# (see the module docstring): none uses `kvray_app` (the local part would deploy it again),
+# reads cluster-wide sums or counts processes of the whole machine; their apps, one at a time,
+# have that instance's Serve gRPC port to themselves. In one process (--part all) they run
+# among the other Ray tests.
+LOCAL_RAY = (
+    "tests/cluster/controller/test_autoscaling_live.py",
+    "tests/cluster/test_unhappy_paths.py",
+    "tests/cluster/bench/chaos/test_main.py",
+    "tests/cluster/bench/fault/test_main.py",
+    "tests/cluster/test_pd.py",
+)
 PARTS = ("all", "local", "ray")
 # Ray's agent publishes every second (default 10 s): metrics tests wait on it.
 METRICS_REPORT_INTERVAL_MS = 1000
@@ -87,7 +104,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     A test is a Ray test when it uses `ray_session`, directly or not; the OWN_RAY tests count
     as tests without it. The others of a Ray module (flags, reports, one-process parity) run
     in the local part: the Ray part, the longer of the two, keeps only what needs it. The Ray
-    tests of a module keep their order and share its fixtures.
+    tests of a module keep their order and share its fixtures. LOCAL_RAY's modules are Ray
+    tests of the local part: they run after its other tests (by rank), on its own instance.
     """
 
     def rank(item: pytest.Item) -> int:
@@ -96,9 +114,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = _relpath(item)
         return 1 + (RAY_FIRST.index(path) if path in RAY_FIRST else len(RAY_FIRST))
 
+    def in_ray_part(item: pytest.Item) -> bool:
+        return rank(item) > 0 and _relpath(item) not in LOCAL_RAY
+
     part = config.getoption("part")
     if part != "all":
-        keep = [item for item in items if (rank(item) > 0) == (part == "ray")]
+        keep = [item for item in items if in_ray_part(item) == (part == "ray")]
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
     items.sort(key=rank)  # stable: the collection order within each rank
@@ -154,6 +175,7 @@ def ray_session(demo_dir: Path) -> Iterator[RaySession]:
         # Until the gRPC stubs are installed as the `kvray` package, put them on the path.
         env_vars["PYTHONPATH"] = str(REPO / "proto")
     metrics_port = free_port()
+    _poll_serve_status_often()
     init_local_ray(  # tried again when Ray's node misses its start-up deadline (a busy machine)
         address="local",  # our own instance, even if someone's `ray start` cluster is up
         num_cpus=8,
@@ -173,6 +195,22 @@ def ray_session(demo_dir: Path) -> Iterator[RaySession]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# How often this process's Serve client polls the controller while `serve.run` waits for an
+# application to run and `serve.delete` for it to go (Serve's default: every second). A poll is
+# one status call to the controller, which acts on the change in its own loop (0.1 s): each
+# deploy and delete would otherwise wait half a second longer, on average, than it takes.
+SERVE_CLIENT_POLL_S = 0.1
+
+
+def _poll_serve_status_often() -> None:
+    from ray.serve._private import client
+
+    # The client module reads the constant at each poll (imported by name from Serve's
+    # constants); a Ray version without it keeps its own interval.
+    if hasattr(client, "CLIENT_POLLING_INTERVAL_S"):
+        client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
 
 
 @pytest.fixture(scope="session")

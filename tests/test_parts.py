@@ -1,6 +1,7 @@
 """`make test`'s two parts (tests/conftest.py, `--part`): `--part local` keeps the tests that
 need no shared Ray and deselects the others (the Ray part); no test of the local part (it
-runs beside the Ray part) uses the session's Ray, and every OWN_RAY entry is in it."""
+runs beside the Ray part) uses the session's Ray but LOCAL_RAY's, which run last there (on its
+own instance), and every OWN_RAY entry is in it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import OWN_RAY
+from tests.conftest import LOCAL_RAY, OWN_RAY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +42,9 @@ def test_the_local_part_needs_no_shared_ray_and_the_rest_is_the_ray_part() -> No
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
     local, ray, uses_ray = json.loads(lines[0].removeprefix("PARTS "))
     assert len(local) > 1000 and len(ray) > 200 and not set(local) & set(ray)
-    assert uses_ray == []
+    # LOCAL_RAY's Ray tests, and only they, use it there: last, after the others.
+    assert {t.split("::")[0] for t in uses_ray} == set(LOCAL_RAY)
+    assert local[len(local) - len(uses_ray) :] == uses_ray
     for entry in OWN_RAY:
         own = [t for t in local + ray if t == entry or t.startswith(f"{entry}::")]
         assert own and set(own) <= set(local), entry

@@ -41,7 +41,6 @@ from tests.cluster.serve_helpers import (
     App,
     ServePorts,
     deploy,
-    pids_matching,
     replica_stats,
     wait_for,
     wait_until_idle,
@@ -274,8 +273,16 @@ def test_tp_rank_killed(
 
 
 def _rank_pids() -> list[int]:
-    """Processes of TP rank actors (Ray titles them `ray::RankWorker...`)."""
-    return sorted(pids_matching(lambda cmd: cmd.startswith(b"ray::RankWorker")))
+    """Processes of this Ray instance's live TP rank actors, from its GCS actor table (the
+    processes Ray titles `ray::RankWorker...` on this machine may include another instance's:
+    `make test`'s local part runs one beside this one, tests/conftest.py LOCAL_RAY)."""
+    from ray._private import state
+
+    return sorted(
+        a["Pid"]
+        for a in state.actors().values()
+        if a["State"] == "ALIVE" and a["ActorClassName"] == "RankWorker"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -22,23 +22,28 @@ from tests.cluster.serve_helpers import (
 
 pytestmark = pytest.mark.slow
 
-METRICS_PORT = free_port()
+
+@pytest.fixture(scope="module")
+def metrics_port(serve_ports: ServePorts) -> int:
+    """Picked once Ray and Serve run, just before the app binds it: a port picked at import
+    (collection) was sometimes taken by one of the processes started in between (a 404)."""
+    return free_port()
 
 
 @pytest.fixture(scope="module")
-def gateway_app(serve_ports: ServePorts) -> Iterator[App]:
+def gateway_app(serve_ports: ServePorts, metrics_port: int) -> Iterator[App]:
     from ray import serve
 
     config = ServeConfig.from_flat(
-        num_replicas=1, kv_cache_memory_bytes=KV_CACHE_BYTES, engine_metrics_port=METRICS_PORT
+        num_replicas=1, kv_cache_memory_bytes=KV_CACHE_BYTES, engine_metrics_port=metrics_port
     )
     app = deploy("kvray-gateway", "/gateway", config, serve_ports, None)
     yield app
     serve.delete(app.name)
 
 
-def _scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
-    url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    url = f"http://127.0.0.1:{port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -48,7 +53,9 @@ def _scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-def test_a_gateway_request_is_served_and_the_gauges_are_scraped(gateway_app: App) -> None:
+def test_a_gateway_request_is_served_and_the_gauges_are_scraped(
+    gateway_app: App, metrics_port: int
+) -> None:
     import ray
 
     node_ip = ray.util.get_node_ip_address()
@@ -62,8 +69,8 @@ def test_a_gateway_request_is_served_and_the_gauges_are_scraped(gateway_app: App
     assert resp.status_code == 200, resp.text
     assert resp.json()["usage"]["completion_tokens"] == 4
 
-    wait_for(lambda: "vllm:num_requests_running" in _scrape(), "the metrics endpoint")
-    metrics = _scrape()
+    wait_for(lambda: "vllm:num_requests_running" in _scrape(metrics_port), "the metrics endpoint")
+    metrics = _scrape(metrics_port)
     for name in (
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",

@@ -61,9 +61,18 @@ def test_fault_weights_and_the_schedule_refuse_bad_flags() -> None:
 
 
 def _standin(kind_module: str) -> subprocess.Popen:
-    """A process whose command line names `kind_module`, as a real engine or replica's does."""
+    """A process whose command line names `kind_module`, as a real engine or replica's does;
+    returned once it does (between fork and exec its command line is still empty, and a kill
+    check made then refuses it: seen on a loaded machine)."""
+    import psutil
+
     code = "import time; time.sleep(120)"
-    return subprocess.Popen([sys.executable, "-c", code, "-m", kind_module])
+    proc = subprocess.Popen([sys.executable, "-c", code, "-m", kind_module])
+    deadline = time.monotonic() + 30  # a hang guard, not a measurement
+    while kind_module not in " ".join(psutil.Process(proc.pid).cmdline()):
+        assert time.monotonic() < deadline, f"{kind_module} stand-in never started"
+        time.sleep(0.01)
+    return proc
 
 
 @pytest.fixture

@@ -111,9 +111,9 @@ class EngineSettings:
     # workers/quantization.py: what config.json's quantization_config says, forced or refused.
     quantization: str = setting(
         "auto",
-        "auto: what the checkpoint's quantization_config says (FP8: block-scaled, and "
-        "compressed-tensors per channel, tensor or block); fp8: refuse a checkpoint that is "
-        "not FP8; none: refuse a quantized checkpoint",
+        "auto: what the checkpoint says (FP8 block-scaled; compressed-tensors FP8, W8A16, "
+        "W4A16; GPTQ and AWQ int4; a GGUF file's tensor types); fp8: refuse a checkpoint "
+        "that is not FP8; none: refuse a quantized checkpoint",
         MODEL_GROUP,
         choices=QUANTIZATION_CHOICES,
         engine=True,

@@ -13,11 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.int4_checkpoints import W4A16_STRATEGIES, make_w4a16_checkpoint
+from tests.workers.loaded_models import float_weight, loaded_model
 from workers import LLM
-from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
-from workers.device.loader import load_weights
-from workers.device.models import build_model
 
 
 @pytest.fixture(scope="module")
@@ -26,40 +24,29 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {s: make_w4a16_checkpoint(s, root / s) for s in W4A16_STRATEGIES}
 
 
-def _loaded(path: Path, tp: TPGroup) -> torch.nn.Module:
-    c = ModelConfig.from_pretrained(path)
-    model = build_model(c, tp, torch.float32, 64)
-    load_weights(model, c, tp)
-    return model
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor:
-    return module.dequantized(torch.float32)
-
-
 @pytest.mark.parametrize("strategy", W4A16_STRATEGIES)
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_each_rank_holds_its_slice_of_weights_scales_and_zeros(
     strategy: str, ranks: int, checkpoints: dict[str, Path]
 ) -> None:
-    whole = _loaded(checkpoints[strategy], TPGroup())
+    whole = loaded_model(checkpoints[strategy], TPGroup())
     kv = 256 // min(ranks, 2)  # 2 KV heads: replicated beyond 2 ranks
     for rank in range(ranks):
-        part = _loaded(checkpoints[strategy], TPGroup(rank=rank, size=ranks))
+        part = loaded_model(checkpoints[strategy], TPGroup(rank=rank, size=ranks))
         for full, mine in zip(whole.layers, part.layers, strict=True):
-            q, k, v = _weight(full.self_attn.qkv_proj).split([512, 256, 256])
+            q, k, v = float_weight(full.self_attn.qkv_proj).split([512, 256, 256])
             kv_rank = rank * min(ranks, 2) // ranks
             want = torch.cat(
                 [q.chunk(ranks)[rank], k[kv_rank * kv : (kv_rank + 1) * kv], v[kv_rank * kv :][:kv]]
             )
-            assert torch.equal(_weight(mine.self_attn.qkv_proj), want)
-            o = _weight(full.self_attn.o_proj).chunk(ranks, dim=1)[rank]
-            assert torch.equal(_weight(mine.self_attn.o_proj), o)
-            gate, up = _weight(full.mlp.gate_up_proj).chunk(2)
+            assert torch.equal(float_weight(mine.self_attn.qkv_proj), want)
+            o = float_weight(full.self_attn.o_proj).chunk(ranks, dim=1)[rank]
+            assert torch.equal(float_weight(mine.self_attn.o_proj), o)
+            gate, up = float_weight(full.mlp.gate_up_proj).chunk(2)
             want = torch.cat([gate.chunk(ranks)[rank], up.chunk(ranks)[rank]])
-            assert torch.equal(_weight(mine.mlp.gate_up_proj), want)
-            down = _weight(full.mlp.down_proj).chunk(ranks, dim=1)[rank]
-            assert torch.equal(_weight(mine.mlp.down_proj), down)
+            assert torch.equal(float_weight(mine.mlp.gate_up_proj), want)
+            down = float_weight(full.mlp.down_proj).chunk(ranks, dim=1)[rank]
+            assert torch.equal(float_weight(mine.mlp.down_proj), down)
             assert mine.mlp.down_proj.weight_packed.dtype == torch.int32
         if strategy == "group-asym":  # zero points read, not left at the symmetric 8
             assert (part.layers[0].mlp.down_proj.weight_zero != 8).any()

@@ -19,13 +19,9 @@ from tests.compressed_tensors_checkpoints import (
     make_int8_checkpoint,
 )
 from tests.fp8_checkpoints import make_fp8_checkpoint
+from tests.workers.loaded_models import float_weight, loaded_model
 from workers import LLM
-from workers.config import ModelConfig
 from workers.device.distributed import TPGroup
-from workers.device.layers.fp8_linear import dequantize
-from workers.device.layers.int8_linear import dequantize_int8
-from workers.device.loader import load_weights
-from workers.device.models import build_model
 
 
 @pytest.fixture(scope="module")
@@ -35,19 +31,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made.update({f"ct-{s}": make_ct_checkpoint(s, root / f"ct-{s}") for s in STRATEGIES})
     made.update({f"i8-{s}": make_int8_checkpoint(s, root / f"i8-{s}") for s in INT8_STRATEGIES})
     return made
-
-
-def _loaded(path: Path, tp: TPGroup) -> torch.nn.Module:
-    c = ModelConfig.from_pretrained(path)
-    model = build_model(c, tp, torch.float32, 64)
-    load_weights(model, c, tp)
-    return model
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor:
-    if module.weight.dtype == torch.int8:
-        return dequantize_int8(module.weight, module.weight_scale, torch.float32)
-    return dequantize(module.weight, module.weight_scale_inv, module.scale_rows, torch.float32)
 
 
 def _experts(moe: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,21 +44,21 @@ KINDS = ["qwen3", "qwen3_moe", *(f"ct-{s}" for s in STRATEGIES)]
 def test_each_rank_holds_its_slice_of_weights_and_scales(
     kind: str, checkpoints: dict[str, Path]
 ) -> None:
-    whole = _loaded(checkpoints[kind], TPGroup())
+    whole = loaded_model(checkpoints[kind], TPGroup())
     for rank in range(2):
-        part = _loaded(checkpoints[kind], TPGroup(rank=rank, size=2))
+        part = loaded_model(checkpoints[kind], TPGroup(rank=rank, size=2))
         for full, mine in zip(whole.layers, part.layers, strict=True):
-            qkv = _weight(full.self_attn.qkv_proj).split([512, 256, 256])
+            qkv = float_weight(full.self_attn.qkv_proj).split([512, 256, 256])
             want = torch.cat([w.chunk(2)[rank] for w in qkv])
-            assert torch.equal(_weight(mine.self_attn.qkv_proj), want)
-            o = _weight(full.self_attn.o_proj).chunk(2, dim=1)[rank]
-            assert torch.equal(_weight(mine.self_attn.o_proj), o)
+            assert torch.equal(float_weight(mine.self_attn.qkv_proj), want)
+            o = float_weight(full.self_attn.o_proj).chunk(2, dim=1)[rank]
+            assert torch.equal(float_weight(mine.self_attn.o_proj), o)
             if hasattr(full.mlp, "gate_up_proj"):
-                gate, up = _weight(full.mlp.gate_up_proj).chunk(2)
+                gate, up = float_weight(full.mlp.gate_up_proj).chunk(2)
                 want = torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]])
-                assert torch.equal(_weight(mine.mlp.gate_up_proj), want)
-                down = _weight(full.mlp.down_proj).chunk(2, dim=1)[rank]
-                assert torch.equal(_weight(mine.mlp.down_proj), down)
+                assert torch.equal(float_weight(mine.mlp.gate_up_proj), want)
+                down = float_weight(full.mlp.down_proj).chunk(2, dim=1)[rank]
+                assert torch.equal(float_weight(mine.mlp.down_proj), down)
             else:
                 (w13, w2), (m13, m2) = _experts(full.mlp), _experts(mine.mlp)
                 gate, up = w13.chunk(2, dim=1)
@@ -87,7 +70,7 @@ def test_each_rank_holds_its_slice_of_weights_and_scales(
 
 def test_a_rank_that_would_cut_a_block_is_refused(checkpoints: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match=r"tensor_parallel_size \(4\) splits the experts'"):
-        _loaded(checkpoints["qwen3_moe"], TPGroup(rank=0, size=4))
+        loaded_model(checkpoints["qwen3_moe"], TPGroup(rank=0, size=4))
 
 
 def _broken(src: Path, dst: Path, edit) -> Path:  # noqa: ANN001

@@ -10,11 +10,8 @@ import pytest
 import torch
 
 from tests.gguf_checkpoints import llama_cpp_permute, load_hf_gguf, make_gguf
-from workers.config import ModelConfig
+from tests.workers.loaded_models import float_weight, loaded_model
 from workers.device.distributed import TPGroup
-from workers.device.layers.int8_linear import dequantize_int8
-from workers.device.loader import load_weights
-from workers.device.models import build_model
 from workers.gguf.tensors import hf_name, unpermute
 
 
@@ -45,27 +42,12 @@ def test_unpermute_undoes_llama_cpp_permutation(shape: tuple[int, ...]) -> None:
     assert np.array_equal(stored[1].numpy(), w[hd // 2].numpy())
 
 
-def _loaded(path: Path, tp: TPGroup) -> torch.nn.Module:
-    c = ModelConfig.from_pretrained(path)
-    model = build_model(c, tp, torch.float32, 64)
-    load_weights(model, c, tp)
-    return model
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor:
-    if hasattr(module, "weight_packed"):  # int4: the layer's own float32 reference weights
-        return module.dequantized(torch.float32)
-    if module.weight.dtype == torch.int8:
-        return dequantize_int8(module.weight, module.weight_scale, torch.float32)
-    return module.weight.data
-
-
 @pytest.mark.parametrize(
     ("arch", "qtype"), [("llama", "Q8_0"), ("llama", "Q4_K"), ("qwen2", "Q4_0"), ("qwen3", "Q6_K")]
 )
 def test_every_weight_is_transformers_weight(arch: str, qtype: str, tmp_path: Path) -> None:
     path = make_gguf(tmp_path / f"{arch}.gguf", arch, qtype)
-    ours, hf = _loaded(path, TPGroup()), load_hf_gguf(path).model
+    ours, hf = loaded_model(path, TPGroup()), load_hf_gguf(path).model
     assert torch.equal(
         ours.embed_tokens.weight[: hf.embed_tokens.weight.shape[0]], hf.embed_tokens.weight
     )
@@ -73,8 +55,8 @@ def test_every_weight_is_transformers_weight(arch: str, qtype: str, tmp_path: Pa
     for mine, ref in zip(ours.layers, hf.layers, strict=True):
         a, r = mine.self_attn, ref.self_attn
         qkv = torch.cat([r.q_proj.weight, r.k_proj.weight, r.v_proj.weight])
-        assert torch.equal(_weight(a.qkv_proj), qkv)
-        assert torch.equal(_weight(a.o_proj), r.o_proj.weight)
+        assert torch.equal(float_weight(a.qkv_proj), qkv)
+        assert torch.equal(float_weight(a.o_proj), r.o_proj.weight)
         if r.q_proj.bias is not None:
             assert torch.equal(
                 a.qkv_proj.bias, torch.cat([r.q_proj.bias, r.k_proj.bias, r.v_proj.bias])
@@ -83,8 +65,8 @@ def test_every_weight_is_transformers_weight(arch: str, qtype: str, tmp_path: Pa
             assert torch.equal(a.q_norm.weight, r.q_norm.weight)
             assert torch.equal(a.k_norm.weight, r.k_norm.weight)
         gate_up = torch.cat([ref.mlp.gate_proj.weight, ref.mlp.up_proj.weight])
-        assert torch.equal(_weight(mine.mlp.gate_up_proj), gate_up)
-        assert torch.equal(_weight(mine.mlp.down_proj), ref.mlp.down_proj.weight)
+        assert torch.equal(float_weight(mine.mlp.gate_up_proj), gate_up)
+        assert torch.equal(float_weight(mine.mlp.down_proj), ref.mlp.down_proj.weight)
         assert torch.equal(mine.input_layernorm.weight, ref.input_layernorm.weight)
         assert torch.equal(
             mine.post_attention_layernorm.weight, ref.post_attention_layernorm.weight
@@ -105,21 +87,21 @@ def test_each_rank_holds_its_slice_of_quantized_weights_and_scales(
     qtype: str, held: torch.dtype, tmp_path: Path
 ) -> None:
     path = make_gguf(tmp_path / "llama.gguf", "llama", qtype)
-    whole = _loaded(path, TPGroup())
+    whole = loaded_model(path, TPGroup())
     for rank in range(2):
-        part = _loaded(path, TPGroup(rank=rank, size=2))
+        part = loaded_model(path, TPGroup(rank=rank, size=2))
         for full, mine in zip(whole.layers, part.layers, strict=True):
             assert _held(mine.self_attn.qkv_proj) == _held(mine.mlp.down_proj) == held
-            qkv = _weight(full.self_attn.qkv_proj).split([256, 128, 128])
+            qkv = float_weight(full.self_attn.qkv_proj).split([256, 128, 128])
             want = torch.cat([w.chunk(2)[rank] for w in qkv])
-            assert torch.equal(_weight(mine.self_attn.qkv_proj), want)
-            o = _weight(full.self_attn.o_proj).chunk(2, dim=1)[rank]
-            assert torch.equal(_weight(mine.self_attn.o_proj), o)
-            gate, up = _weight(full.mlp.gate_up_proj).chunk(2)
+            assert torch.equal(float_weight(mine.self_attn.qkv_proj), want)
+            o = float_weight(full.self_attn.o_proj).chunk(2, dim=1)[rank]
+            assert torch.equal(float_weight(mine.self_attn.o_proj), o)
+            gate, up = float_weight(full.mlp.gate_up_proj).chunk(2)
             want = torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]])
-            assert torch.equal(_weight(mine.mlp.gate_up_proj), want)
-            down = _weight(full.mlp.down_proj).chunk(2, dim=1)[rank]
-            assert torch.equal(_weight(mine.mlp.down_proj), down)
+            assert torch.equal(float_weight(mine.mlp.gate_up_proj), want)
+            down = float_weight(full.mlp.down_proj).chunk(2, dim=1)[rank]
+            assert torch.equal(float_weight(mine.mlp.down_proj), down)
 
 
 def test_a_tensor_not_in_the_model_is_refused_by_name(tmp_path: Path) -> None:
@@ -128,4 +110,4 @@ def test_a_tensor_not_in_the_model_is_refused_by_name(tmp_path: Path) -> None:
     extra = {"blk.0.ffn_gate_inp.weight": np.zeros((4, 256), dtype=np.float32)}
     path = make_gguf(tmp_path / "x.gguf", "qwen2", "Q4_0", extra=extra)
     with pytest.raises(ValueError, match="unexpected tensor 'blk.0.ffn_gate_inp.weight'"):
-        _loaded(path, TPGroup())
+        loaded_model(path, TPGroup())

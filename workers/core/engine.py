@@ -254,7 +254,8 @@ class LLMEngine:
             finish_out_of_cache(seq)
             self._retire(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        decoding = all(seq.prefill_done for seq, _ in sched.scheduled)  # before the launch
+        # A step of decodes and drafts only: what the speculator's cost model learns from.
+        decoding = self.speculator is not None and all(s.prefill_done for s, _ in sched.scheduled)
         launched = self._launch(sched) if sched.scheduled else None
         # Async scheduling: the step before this one resolves only now, while the device runs
         # the one just launched. Synchronous: the step just launched resolves at once.
@@ -266,7 +267,7 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 self._finish(launched, touched)
-            if self.speculator is not None and decoding:  # its cost model (speculator.py)
+            if decoding:
                 self.speculator.record_step(sched.num_batched_tokens, time.perf_counter() - t0)
         outputs: list[RequestOutput] = []
         for req in touched.values():

@@ -72,10 +72,8 @@ class Seq:
     # with it, from when the grammar applies, and for grammars that start at once.
     grammar_after: tuple[int, ...] | None = None
     # Its thinking budget's state (SamplingParams.thinking_budget), None without one or once
-    # the reasoning block closed; and whether the engine needs its token in flight on the host
-    # before the next step (its next mask may be forced: ThinkingState.host_bound).
+    # the reasoning block closed.
     thinking: Any = None  # workers.structured.thinking.ThinkingState
-    thinking_bound: bool = False
     # Speculative decoding (workers/core/speculator.py): the tokens proposed to follow this
     # step (verified with its last token as one chunk; not in token_ids), and its proposer's
     # state (None until it first speculates).
@@ -85,6 +83,12 @@ class Seq:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def thinking_bound(self) -> bool:
+        """Whether the engine needs its token in flight on the host before the next step (its
+        next mask may be forced: ThinkingState.host_bound)."""
+        return self.thinking is not None and self.thinking.host_bound
 
     @property
     def prompt_len(self) -> int:

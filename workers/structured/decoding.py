@@ -94,7 +94,6 @@ class StructuredDecoding:
             return False
         for seq in req.seqs:
             seq.thinking = start_state(budget, seq.output_token_ids)
-            seq.thinking_bound = seq.thinking is not None and seq.thinking.host_bound
         return True
 
     def forget(self, request_id: str) -> None:
@@ -189,9 +188,7 @@ class StructuredDecoding:
         if thinking is not None:
             thinking.advance(token)
             if thinking.done:
-                seq.thinking, seq.thinking_bound = None, False
-            else:
-                seq.thinking_bound = thinking.host_bound
+                seq.thinking = None
         if seq.grammar is None:
             return False
         if seq.grammar_after is not None:

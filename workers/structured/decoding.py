@@ -39,7 +39,7 @@ from workers.core.request import Request, Seq
 from workers.messages.step import GrammarBitmask
 from workers.structured.backend import CompiledGrammar, MaskFiller, bitmask_words
 from workers.structured.compiler import GrammarCompiler
-from workers.structured.thinking import start_state
+from workers.structured.thinking import ends_with, start_state
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class StructuredDecoding:
             # Dormant: `token` (already appended) may end the marker; the grammar then
             # applies from the next token. A cheap check: the last token first.
             after = seq.grammar_after
-            if token == after[-1] and _ends_with(seq.token_ids, seq.prompt_len, after):
+            if token == after[-1] and _outputs_end_with(seq, after):
                 seq.grammar_after = None
             return False
         if not seq.grammar.accept(token):
@@ -204,10 +204,9 @@ class StructuredDecoding:
         return seq.grammar.is_terminated
 
 
-def _ends_with(token_ids: list[int], prompt_len: int, marker: tuple[int, ...]) -> bool:
+def _outputs_end_with(seq: Seq, marker: tuple[int, ...]) -> bool:
     """The outputs (token_ids past the prompt) end with `marker`."""
-    k = len(marker)
-    return len(token_ids) - prompt_len >= k and tuple(token_ids[-k:]) == marker
+    return seq.num_output_tokens >= len(marker) and ends_with(seq.token_ids, marker)
 
 
 def _replay(seq: Seq) -> str | None:

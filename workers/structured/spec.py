@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from workers.structured.thinking import is_token_id
+
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputs:
@@ -64,7 +66,7 @@ class StructuredOutputs:
         if self.after is not None and (
             not isinstance(self.after, tuple)
             or not self.after
-            or not all(_is_token_id(t) for t in self.after)
+            or not all(is_token_id(t) for t in self.after)
         ):
             raise ValueError(
                 "structured_outputs.after must be a non-empty list of token ids "
@@ -100,10 +102,6 @@ def _schema_text(schema: dict[str, Any] | bool) -> str:
 
 
 _KINDS = ("json", "json_object", "regex", "choice", "grammar")
-
-
-def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_set(value: object) -> bool:

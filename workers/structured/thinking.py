@@ -97,7 +97,7 @@ class ThinkingState:
         if phase is Phase.COUNTING:
             self.reasoning += 1
             end = spec.end_ids
-            if token == end[-1] and self.reasoning >= len(end) and _ends(tail, end):
+            if token == end[-1] and self.reasoning >= len(end) and ends_with(tail, end):
                 self.phase = Phase.DONE  # closed by the model itself, within budget
             elif self.reasoning >= spec.budget:
                 self._force()
@@ -110,8 +110,9 @@ class ThinkingState:
                 # Only a sampler that did not apply the mask (or an active grammar's row,
                 # which wins over the budget) gets here: write the whole marker again.
                 self.k = 0
-        elif phase is Phase.WAITING and token == spec.start_ids[-1] and _ends(tail, spec.start_ids):
-            self._open()
+        elif phase is Phase.WAITING and token == spec.start_ids[-1]:
+            if ends_with(tail, spec.start_ids):
+                self._open()
         self.host_bound = self._host_bound()
 
     def _open(self) -> None:
@@ -127,7 +128,7 @@ class ThinkingState:
         end = self.spec.end_ids
         block = self._tail[len(self._tail) - min(self.reasoning, len(self._tail)) :]
         self.k = next(
-            (j for j in range(min(len(end) - 1, len(block)), 0, -1) if _ends(block, end[:j])),
+            (j for j in range(min(len(end) - 1, len(block)), 0, -1) if ends_with(block, end[:j])),
             0,
         )
 
@@ -159,13 +160,18 @@ def start_state(spec: ThinkingBudget, outputs: list[int]) -> ThinkingState | Non
     return None if state.done else state
 
 
-def _ends(tokens: list[int], marker: tuple[int, ...]) -> bool:
+def ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
+    """`tokens` end with the ids of `marker`."""
     k = len(marker)
     return len(tokens) >= k and tuple(tokens[-k:]) == marker
 
 
+def is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _ids(ids: tuple[object, ...]) -> bool:
-    return all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+    return all(is_token_id(t) for t in ids)
 
 
 def _is_int(v: object) -> bool:

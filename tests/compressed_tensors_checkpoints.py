@@ -103,17 +103,28 @@ def int8_quantization_config(strategy: str, group: int = INT8_GROUP) -> dict[str
 
 
 def make_int8_checkpoint(strategy: str, path: Path, group: int = INT8_GROUP) -> Path:
-    return _write(
-        path, lambda w: quantize_int8(w, strategy, group), int8_quantization_config(strategy, group)
+    return write_packed_checkpoint(
+        path,
+        lambda w: _weight_and_scale(quantize_int8(w, strategy, group)),
+        int8_quantization_config(strategy, group),
     )
 
 
 def make_ct_checkpoint(strategy: str, path: Path, activations: bool = True) -> Path:
-    return _write(path, lambda w: quantize(w, strategy), quantization_config(strategy, activations))
+    return write_packed_checkpoint(
+        path,
+        lambda w: _weight_and_scale(quantize(w, strategy)),
+        quantization_config(strategy, activations),
+    )
 
 
-def _write(path: Path, pack: Any, qcfg: dict[str, Any]) -> Path:
-    """The dense test Qwen3 at `path`, its projections packed by `pack`, `qcfg` its config."""
+def _weight_and_scale(packed: tuple[Any, Any]) -> dict[str, Any]:
+    return {"weight": packed[0], "weight_scale": packed[1]}
+
+
+def write_packed_checkpoint(path: Path, pack: Any, qcfg: dict[str, Any]) -> Path:
+    """The dense test Qwen3 at `path`, each projection's weight replaced by the tensors `pack`
+    returns for it (names relative to the projection), `qcfg` its quantization_config."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -124,7 +135,8 @@ def _write(path: Path, pack: Any, qcfg: dict[str, Any]) -> Path:
     out: dict[str, torch.Tensor] = {}
     for name, t in load_file(str(weights)).items():
         if _quantized(name):
-            out[name], out[name.removesuffix("weight") + "weight_scale"] = pack(t)
+            prefix = name.removesuffix("weight")
+            out.update({prefix + k: v for k, v in pack(t).items()})
         else:
             out[name] = t
     save_file(out, str(weights), metadata={"format": "pt"})

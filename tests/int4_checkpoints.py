@@ -16,11 +16,10 @@ pack-quantized. The embeddings, norms and LM head stay float32 (`ignore: ["lm_he
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from tests.fp8_checkpoints import _quantized, make_fp8_checkpoint
+from tests.compressed_tensors_checkpoints import write_packed_checkpoint
 
 W4A16_STRATEGIES = ("group", "channel", "group-asym")
 W4A16_GROUP = 128  # the W4A16 preset's group size
@@ -71,24 +70,8 @@ def w4a16_quantization_config(scheme: Any) -> dict[str, Any]:
 
 def make_w4a16_checkpoint(strategy: str, path: Path, group: int = W4A16_GROUP) -> Path:
     """`strategy`: "group", "channel", or "group-asym" (asymmetric, zero points)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
     base_strategy, _, asym = strategy.partition("-")
     scheme = w4a16_scheme(base_strategy, symmetric=not asym, group=group)
-    path = Path(path)
-    base = make_fp8_checkpoint("qwen3", path.with_name(path.name + "-base"), quantize=False)
-    shutil.copytree(base, path, dirs_exist_ok=True)
-    (weights,) = path.glob("*.safetensors")
-    out: dict[str, torch.Tensor] = {}
-    for name, t in load_file(str(weights)).items():
-        if _quantized(name):
-            prefix = name.removesuffix("weight")
-            out.update({prefix + k: v for k, v in compress(t, scheme).items()})
-        else:
-            out[name] = t
-    save_file(out, str(weights), metadata={"format": "pt"})
-    config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = w4a16_quantization_config(scheme)
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return path
+    return write_packed_checkpoint(
+        path, lambda t: compress(t, scheme), w4a16_quantization_config(scheme)
+    )

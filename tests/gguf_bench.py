@@ -17,55 +17,15 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-import numpy as np
-
 from cluster.bench.common.model_arg import add_model_argument, bench_model_dir
 from cluster.bench.step import main as step
-from tests.gguf_checkpoints import _LAYER_TO_GGUF, _TO_GGUF, _add_tokenizer, random_k_blocks
+from tests.gguf_checkpoints import hf_to_gguf
 
 
 def q4_k_file(src: Path) -> Path:
-    """`src` (a Qwen3 / Qwen2 checkpoint: no Q/K permutation) as a GGUF file, projections Q4_K."""
-    import json
-
-    import gguf
-    from safetensors.torch import load_file
-
+    """`src` as a GGUF file whose projections are random Q4_K blocks (written once)."""
     out = src.with_name(src.name + "-q4_k.gguf")
-    if out.is_file():
-        return out
-    cfg = json.loads((src / "config.json").read_text())
-    heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
-    writer = gguf.GGUFWriter(str(out), cfg["model_type"])
-    _add_tokenizer(writer, src)
-    writer.add_context_length(cfg["max_position_embeddings"])
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(cfg["num_hidden_layers"])
-    writer.add_feed_forward_length(cfg["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(cfg["num_key_value_heads"])
-    writer.add_key_length(cfg.get("head_dim") or hidden // heads)
-    writer.add_rope_freq_base(cfg["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    rng = np.random.default_rng(0)
-    q4_k = gguf.GGMLQuantizationType.Q4_K
-    for f in sorted(src.glob("*.safetensors")):
-        for name, t in load_file(str(f)).items():
-            module, suffix = name.rsplit(".", 1)
-            if module.startswith("model.layers."):
-                part = module.split(".", 3)[-1]
-                gguf_name = f"blk.{module.split('.')[2]}.{_LAYER_TO_GGUF[part]}.{suffix}"
-            else:
-                part, gguf_name = None, f"{_TO_GGUF[module]}.{suffix}"
-            if part is not None and part.endswith("_proj") and suffix == "weight":
-                writer.add_tensor(gguf_name, random_k_blocks("Q4_K", *t.shape, rng), raw_dtype=q4_k)
-            else:
-                writer.add_tensor(gguf_name, t.float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return out if out.is_file() else hf_to_gguf(src, out, random_projections="Q4_K")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -268,13 +268,16 @@ def llama3_rope_factors(theta: float, head_dim: int, rope: dict[str, Any]) -> np
     return np.array(out, dtype=np.float32)
 
 
-def hf_to_gguf(hf_dir: Path, path: Path) -> Path:
+def hf_to_gguf(hf_dir: Path, path: Path, random_projections: str | None = None) -> Path:
     """A float32 GGUF file of Hugging Face checkpoint `hf_dir` (Llama, Mistral, Qwen2, Qwen3),
     laid out as llama.cpp's converter lays it out: Llama's (and Mistral's, arch `llama`) Q/K rows
     permuted, a `llama3` rope scaling as `rope_freqs.weight`, a linear one as
-    `rope.scaling.*`, the checkpoint's tokenizer embedded."""
+    `rope.scaling.*`, the checkpoint's tokenizer embedded.
+
+    `random_projections` ("Q4_K", "Q6_K"): every projection weight is random blocks of that
+    type instead (`random_k_blocks`), for speed measurements: gguf-py cannot quantize K-quants."""
     import gguf
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = "llama" if cfg["model_type"] == "mistral" else cfg["model_type"]
@@ -304,17 +307,24 @@ def hf_to_gguf(hf_dir: Path, path: Path) -> Path:
         writer.add_tensor(
             "rope_freqs.weight", llama3_rope_factors(rope["rope_theta"], head_dim, rope)
         )
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, Any] = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
         tensors |= load_file(str(f))
-    for name, w in tensors.items():
+    rng = np.random.default_rng(0)
+    for name, t in tensors.items():
         module, suffix = name.rsplit(".", 1)
         part = module.split(".", 3)[-1] if module.startswith("model.layers.") else None
         if part is None:
             gguf_name = f"{_TO_GGUF[module]}.{suffix}"
         else:
             gguf_name = f"blk.{module.split('.')[2]}.{_LAYER_TO_GGUF[part]}.{suffix}"
-        w = w.astype(np.float32)
+        w = t.float().numpy()  # (bfloat16 has no numpy dtype)
+        projection = part is not None and part.endswith("_proj") and suffix == "weight"
+        if random_projections and projection:
+            qt = getattr(gguf.GGMLQuantizationType, random_projections)
+            blocks = random_k_blocks(random_projections, *w.shape, rng)
+            writer.add_tensor(gguf_name, blocks, raw_dtype=qt)
+            continue
         if arch == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):
             w = llama_cpp_permute(w, heads if part == "self_attn.q_proj" else kv_heads)
         writer.add_tensor(gguf_name, w)

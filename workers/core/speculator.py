@@ -47,8 +47,9 @@ class SeqSpeculation:
 
 
 class Proposer(Protocol):
-    def propose(self, seq: Seq, spec: SeqSpeculation, k: int) -> list[int]:
-        """Up to k tokens likely to follow seq's tokens ([] for none)."""
+    def propose_batch(self, asks: list[tuple[Seq, SeqSpeculation, int]]) -> list[list[int]]:
+        """For each (sequence, its speculation state, k): up to k tokens likely to follow the
+        sequence's tokens ([] for none)."""
         ...
 
 
@@ -56,10 +57,13 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
 
-    def propose(self, seq: Seq, spec: SeqSpeculation, k: int) -> list[int]:
-        if spec.state is None:
-            spec.state = NgramIndex(self.min_n, self.max_n)
-        return spec.state.propose(seq.token_ids, k)
+    def propose_batch(self, asks: list[tuple[Seq, SeqSpeculation, int]]) -> list[list[int]]:
+        drafts = []
+        for seq, spec, k in asks:
+            if spec.state is None:
+                spec.state = NgramIndex(self.min_n, self.max_n)
+            drafts.append(spec.state.propose(seq.token_ids, k))
+        return drafts
 
 
 class Speculator:
@@ -97,8 +101,7 @@ class Speculator:
                 asks.append((seq, spec, k))
             else:
                 spec.acceptance.steps_without += 1
-        batch = getattr(self.proposer, "propose_batch", None)
-        drafts = batch(asks) if batch else [self.proposer.propose(*ask) for ask in asks]
+        drafts = self.proposer.propose_batch(asks) if asks else []
         for (seq, spec, k), draft in zip(asks, drafts, strict=True):
             seq.draft = draft[:k]
             if seq.draft:

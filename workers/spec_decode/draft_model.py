@@ -61,9 +61,6 @@ class DraftModelProposer:
         self._next_id = 0
         log.info("draft model %s ready: %s", config.model, self.engine.config.served_model_name)
 
-    def propose(self, seq: Any, spec: Any, k: int) -> list[int]:
-        return self.propose_batch([(seq, spec, k)])[0]
-
     def propose_batch(self, items: list[tuple[Any, Any, int]]) -> list[list[int]]:
         """Each (sequence, its speculation state, k): up to k greedy draft tokens."""
         drafts: list[list[int]] = [[] for _ in items]

@@ -13,7 +13,10 @@ class OracleProposer:
         self.reference = reference
         self.vocab = vocab
 
-    def propose(self, seq: Seq, spec: SeqSpeculation, k: int) -> list[int]:
+    def propose_batch(self, asks: list[tuple[Seq, SeqSpeculation, int]]) -> list[list[int]]:
+        return [self._propose(seq, k) for seq, _, k in asks]
+
+    def _propose(self, seq: Seq, k: int) -> list[int]:
         name = None if seq.lora is None else seq.lora.lora_name
         outs = self.reference[(tuple(seq.prompt_token_ids), name)][seq.index]
         n = seq.num_output_tokens

@@ -23,8 +23,8 @@ class ConstantDraft:
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def propose(self, seq: Seq, spec: SeqSpeculation, k: int) -> list[int]:
-        return [self.token][:k]
+    def propose_batch(self, asks: list[tuple[Seq, SeqSpeculation, int]]) -> list[list[int]]:
+        return [[self.token][:k] for _, _, k in asks]
 
 
 def _outcomes(llm: LLM, prompt: list[int]) -> Counter:
